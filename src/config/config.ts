@@ -1,0 +1,152 @@
+/**
+ * config - the service's environment, described once, checked once.
+ *
+ * Every variable the README's configuration table lists is read here and nowhere else. A bad value
+ * stops the process with a message naming the variable (DESIGN "Where configuration lives").
+ */
+import Type from 'typebox';
+import { Compile } from 'typebox/compile';
+
+export type Environment = 'dev' | 'prod';
+
+export interface Config {
+  environment: Environment;
+  provisioning: 'open' | 'closed';
+  databaseUrl: string;
+  apiHost: string;
+  apiPort: number;
+  publicBaseUrl: string;
+  mailDomain: string;
+  abuseContact: string;
+  /** undefined in dev until ensureSecretKey has made or read one. */
+  secretKey: string | undefined;
+  runDir: string;
+  unitSeconds: number;
+  quotaBytes: number;
+  downloadGraceSeconds: number;
+  unclaimedSeconds: number;
+  goneSeconds: number;
+  purgeAfterSeconds: number;
+  rejectionRetentionSeconds: number;
+  maxRejections: number;
+  idempotencyTtlSeconds: number;
+  pollRateBurst: number;
+  pollRatePerSecond: number;
+  downloadRateBurst: number;
+  downloadRatePerSecond: number;
+}
+
+export class ConfigError extends Error {
+  readonly variable: string;
+  constructor(variable: string, message: string) {
+    super(`${variable}: ${message}`);
+    this.variable = variable;
+  }
+}
+
+type Env = Record<string, string | undefined>;
+
+const positiveInt = Compile(Type.Integer({ minimum: 1 }));
+const nonNegativeInt = Compile(Type.Integer({ minimum: 0 }));
+
+function text(env: Env, name: string, fallback?: string): string {
+  const value = env[name];
+  if (value === undefined || value === '') {
+    if (fallback === undefined) throw new ConfigError(name, 'is required');
+    return fallback;
+  }
+  return value;
+}
+
+function oneOf<T extends string>(env: Env, name: string, allowed: readonly T[], fallback: T): T {
+  const value = text(env, name, fallback);
+  if (!(allowed as readonly string[]).includes(value)) {
+    throw new ConfigError(name, `must be one of ${allowed.join(', ')} (got "${value}")`);
+  }
+  return value as T;
+}
+
+function integer(env: Env, name: string, fallback: number, allowZero = false): number {
+  const raw = text(env, name, String(fallback));
+  const value = /^-?\d+$/.test(raw) ? Number(raw) : Number.NaN;
+  const check = allowZero ? nonNegativeInt : positiveInt;
+  if (!Number.isSafeInteger(value) || !check.Check(value)) {
+    throw new ConfigError(name, `must be an integer ${allowZero ? '>= 0' : '>= 1'} (got "${raw}")`);
+  }
+  return value;
+}
+
+function rate(env: Env, name: string, fallback: number): number {
+  const raw = text(env, name, String(fallback));
+  const value = Number(raw);
+  if (!/^\d+(\.\d+)?$/.test(raw) || !(value > 0)) {
+    throw new ConfigError(name, `must be a positive number (got "${raw}")`);
+  }
+  return value;
+}
+
+function url(env: Env, name: string, fallback: string): string {
+  const raw = text(env, name, fallback);
+  let parsed: URL;
+  try {
+    parsed = new URL(raw);
+  } catch {
+    throw new ConfigError(name, `must be an absolute http(s) URL (got "${raw}")`);
+  }
+  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
+    throw new ConfigError(name, `must be an absolute http(s) URL (got "${raw}")`);
+  }
+  return raw.replace(/\/+$/, '');
+}
+
+const DOMAIN = /^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
+
+/** Reads and checks the environment. Throws ConfigError naming the first bad variable. */
+export function loadConfig(env: Env = process.env): Config {
+  const environment = oneOf(env, 'ENVIRONMENT', ['dev', 'prod'] as const, 'dev');
+  const prod = environment === 'prod';
+  const provisioning = oneOf(env, 'PROVISIONING', ['open', 'closed'] as const, prod ? 'closed' : 'open');
+  const apiHost = text(env, 'API_HOST', '127.0.0.1');
+  const apiPort = integer(env, 'API_PORT', 8080, true);
+  if (apiPort > 65535) throw new ConfigError('API_PORT', `must be a port number (got "${apiPort}")`);
+  const mailDomain = text(env, 'MAIL_DOMAIN', prod ? undefined : 'localhost').toLowerCase();
+  if (!DOMAIN.test(mailDomain))
+    throw new ConfigError('MAIL_DOMAIN', `must be a domain name (got "${mailDomain}")`);
+  const secretKey = env.SECRET_KEY === undefined || env.SECRET_KEY === '' ? undefined : env.SECRET_KEY;
+  if (secretKey !== undefined && secretKey.length < 32) {
+    throw new ConfigError('SECRET_KEY', 'must be at least 32 characters');
+  }
+  if (secretKey === undefined && prod)
+    throw new ConfigError('SECRET_KEY', 'is required when ENVIRONMENT=prod');
+  const unitSeconds = integer(env, 'UNIT_SECONDS', 3600);
+  const config: Config = {
+    environment,
+    provisioning,
+    databaseUrl: text(env, 'DATABASE_URL', 'postgres://postgres@127.0.0.1:5432/inbox'),
+    apiHost,
+    apiPort,
+    publicBaseUrl: url(
+      env,
+      'PUBLIC_BASE_URL',
+      `http://${apiHost.includes(':') ? `[${apiHost}]` : apiHost}:${apiPort}`,
+    ),
+    mailDomain,
+    abuseContact: text(env, 'ABUSE_CONTACT', `abuse@${mailDomain}`),
+    secretKey,
+    runDir: text(env, 'RUN_DIR', '.run'),
+    unitSeconds,
+    quotaBytes: integer(env, 'QUOTA_BYTES', 104857600, true),
+    downloadGraceSeconds: integer(env, 'DOWNLOAD_GRACE_SECONDS', 300),
+    unclaimedSeconds: integer(env, 'UNCLAIMED_SECONDS', 3600),
+    goneSeconds: integer(env, 'GONE_SECONDS', 3600),
+    purgeAfterSeconds: integer(env, 'PURGE_AFTER_SECONDS', 1200),
+    rejectionRetentionSeconds: integer(env, 'REJECTION_RETENTION_SECONDS', 3600),
+    maxRejections: integer(env, 'MAX_REJECTIONS', 100, true),
+    idempotencyTtlSeconds: integer(env, 'IDEMPOTENCY_TTL_SECONDS', 86400),
+    pollRateBurst: integer(env, 'POLL_RATE_BURST', 120),
+    pollRatePerSecond: rate(env, 'POLL_RATE_PER_SECOND', 0.5),
+    downloadRateBurst: integer(env, 'DOWNLOAD_RATE_BURST', 100),
+    downloadRatePerSecond: rate(env, 'DOWNLOAD_RATE_PER_SECOND', 2),
+  };
+  return config;
+}

@@ -1,0 +1,120 @@
+/**
+ * container - the only place that wires implementations to interfaces (STYLE 10). Entry points build
+ * a container and resolve what they run; tests build one with a fake clock.
+ */
+import 'reflect-metadata';
+import { type DependencyContainer, instanceCachingFactory, container as rootContainer } from 'tsyringe';
+import type { Config } from './config/config.ts';
+import { Access } from './core/access.ts';
+import { type Clock, systemClock } from './core/clock.ts';
+import { DownloadService } from './core/download-service.ts';
+import { InboxService } from './core/inbox-service.ts';
+import { OptOuts } from './core/opt-outs.ts';
+import { PollService } from './core/poll-service.ts';
+import type { InboxStore, MessageStore, OptOutStore, RateLimiter } from './core/ports.ts';
+import { Secrets } from './core/secrets.ts';
+import type { HttpServices } from './http/services.ts';
+import { createLog, type Log } from './log.ts';
+import { Database } from './storage/database.ts';
+import { PgInboxStore } from './storage/inbox-store.ts';
+import { PgMessageStore } from './storage/message-store.ts';
+import { PgOptOutStore } from './storage/opt-out-store.ts';
+import { PgRateLimiter } from './storage/rate-limiter.ts';
+
+export const TOKENS = {
+  Config: Symbol('Config'),
+  Clock: Symbol('Clock'),
+  Log: Symbol('Log'),
+  Database: Symbol('Database'),
+  InboxStore: Symbol('InboxStore'),
+  MessageStore: Symbol('MessageStore'),
+  OptOutStore: Symbol('OptOutStore'),
+  RateLimiter: Symbol('RateLimiter'),
+  Secrets: Symbol('Secrets'),
+  Access: Symbol('Access'),
+  OptOuts: Symbol('OptOuts'),
+  InboxService: Symbol('InboxService'),
+  PollService: Symbol('PollService'),
+  DownloadService: Symbol('DownloadService'),
+  HttpServices: Symbol('HttpServices'),
+} as const;
+
+export interface ContainerOptions {
+  clock?: Clock;
+  log?: Log;
+  /** Connections in the pool (default 20). */
+  poolSize?: number;
+}
+
+export function buildContainer(
+  config: Config & { secretKey: string },
+  options: ContainerOptions = {},
+): DependencyContainer {
+  const c = rootContainer.createChildContainer();
+  const single = <T>(token: symbol, make: (c: DependencyContainer) => T) =>
+    c.register<T>(token, { useFactory: instanceCachingFactory<T>(make) });
+  const get = <T>(token: symbol) => c.resolve<T>(token);
+
+  c.register(TOKENS.Config, { useValue: config });
+  c.register(TOKENS.Clock, { useValue: options.clock ?? systemClock });
+  c.register(TOKENS.Log, { useValue: options.log ?? createLog('api') });
+  single(TOKENS.Database, () => new Database(config.databaseUrl, options.poolSize));
+  single(TOKENS.InboxStore, () => new PgInboxStore(get(TOKENS.Database)));
+  single(TOKENS.MessageStore, () => new PgMessageStore(get(TOKENS.Database)));
+  single(TOKENS.OptOutStore, () => new PgOptOutStore(get(TOKENS.Database)));
+  single(
+    TOKENS.RateLimiter,
+    () =>
+      new PgRateLimiter(get(TOKENS.Database), {
+        poll: { burst: config.pollRateBurst, perSecond: config.pollRatePerSecond },
+        download: { burst: config.downloadRateBurst, perSecond: config.downloadRatePerSecond },
+      }),
+  );
+  single(TOKENS.Secrets, () => new Secrets(config.secretKey));
+  single(TOKENS.OptOuts, () => new OptOuts(get<OptOutStore>(TOKENS.OptOutStore)));
+  single(
+    TOKENS.Access,
+    () =>
+      new Access(
+        get<InboxStore>(TOKENS.InboxStore),
+        get<RateLimiter>(TOKENS.RateLimiter),
+        get(TOKENS.Clock),
+        config,
+      ),
+  );
+  single(
+    TOKENS.InboxService,
+    () =>
+      new InboxService(
+        get(TOKENS.InboxStore),
+        get(TOKENS.OptOuts),
+        get(TOKENS.Secrets),
+        get(TOKENS.Clock),
+        config,
+      ),
+  );
+  single(
+    TOKENS.PollService,
+    () =>
+      new PollService(
+        get<InboxStore>(TOKENS.InboxStore),
+        get<MessageStore>(TOKENS.MessageStore),
+        get(TOKENS.Clock),
+        config,
+      ),
+  );
+  single(
+    TOKENS.DownloadService,
+    () => new DownloadService(get<MessageStore>(TOKENS.MessageStore), get(TOKENS.Clock), config),
+  );
+  single<HttpServices>(TOKENS.HttpServices, () => ({
+    environment: config.environment,
+    access: get(TOKENS.Access),
+    inboxes: get(TOKENS.InboxService),
+    polls: get(TOKENS.PollService),
+    downloads: get(TOKENS.DownloadService),
+    optOuts: get(TOKENS.OptOuts),
+    log: get(TOKENS.Log),
+  }));
+  return c;
+}

@@ -1,0 +1,110 @@
+/**
+ * download-service - GET and HEAD /v1/inboxes/{id}/messages/{msg_id} (contract section 4).
+ *
+ * GET, ranged or not, starts the deletion timer before the first byte is sent; HEAD changes nothing.
+ * One single byte range is honoured; several ranges, or a Range header that does not parse, are
+ * ignored and the whole message is served (RFC 9110 section 14.2 lets a server ignore Range).
+ */
+import { addSeconds, type Clock } from './clock.ts';
+import { ServiceError } from './errors.ts';
+import { type LifecycleSettings, messageFate } from './lifecycle.ts';
+import type { Caller, MessageRecord } from './model.ts';
+import type { MessageStore } from './ports.ts';
+
+export interface DownloadSettings extends LifecycleSettings {
+  downloadGraceSeconds: number;
+}
+
+export interface Download {
+  message: MessageRecord;
+  /** Inclusive byte offsets; start > end only for an empty message. */
+  start: number;
+  end: number;
+  partial: boolean;
+  etag: string;
+  /** Present for GET only; reads the chunks on demand. */
+  body: AsyncIterable<Buffer> | undefined;
+}
+
+export class DownloadService {
+  readonly #messages: MessageStore;
+  readonly #clock: Clock;
+  readonly #settings: DownloadSettings;
+
+  constructor(messages: MessageStore, clock: Clock, settings: DownloadSettings) {
+    this.#messages = messages;
+    this.#clock = clock;
+    this.#settings = settings;
+  }
+
+  async download(
+    caller: Caller,
+    messageId: string,
+    range: string | undefined,
+    withBody: boolean,
+  ): Promise<Download> {
+    const now = this.#clock.now();
+    const found = await this.#messages.find(caller.inbox.inboxId, messageId);
+    const fate = messageFate(found, caller.inbox, now, this.#settings);
+    if (fate.kind === 'missing') throw messageNotFound();
+    if (fate.kind === 'gone') {
+      throw new ServiceError('message_gone', `This message was deleted (${fate.reason}).`, {
+        reason: fate.reason,
+      });
+    }
+    const { message } = fate;
+    const size = message.sizeBytes;
+    const wanted = parseRange(range, size);
+    if (wanted === 'unsatisfiable') {
+      throw new ServiceError(
+        'range_not_satisfiable',
+        `The range is past the end of the ${size}-byte message.`,
+        {
+          size_bytes: size,
+        },
+      );
+    }
+    const [start, end] = wanted ?? [0, size - 1];
+    if (withBody) {
+      await this.#messages.markDownloaded(
+        message.inboxId,
+        message.messageId,
+        now,
+        addSeconds(now, this.#settings.downloadGraceSeconds),
+      );
+    }
+    return {
+      message,
+      start,
+      end,
+      partial: wanted !== undefined,
+      etag: `"${message.sha256 ? message.sha256.toString('base64url') : message.messageId}"`,
+      body: withBody ? this.#messages.readRange(message, start, end) : undefined,
+    };
+  }
+}
+
+export const messageNotFound = (): ServiceError =>
+  new ServiceError('message_not_found', 'No such message in this inbox.');
+
+/** [start, end] inclusive, undefined to serve the whole message, or 'unsatisfiable'. */
+export function parseRange(
+  header: string | undefined,
+  size: number,
+): [number, number] | undefined | 'unsatisfiable' {
+  if (header === undefined) return undefined;
+  const match = /^bytes=(\d*)-(\d*)$/.exec(header.trim());
+  if (!match) return undefined;
+  const [, first = '', last = ''] = match;
+  if (first === '' && last === '') return undefined;
+  if (first === '') {
+    const suffix = Number(last);
+    if (suffix === 0 || size === 0) return 'unsatisfiable';
+    return [Math.max(0, size - suffix), size - 1];
+  }
+  const start = Number(first);
+  const end = last === '' ? size - 1 : Number(last);
+  if (last !== '' && end < start) return undefined;
+  if (start >= size) return 'unsatisfiable';
+  return [start, Math.min(end, size - 1)];
+}

@@ -1,0 +1,148 @@
+/**
+ * inbox-service - provision, status, extend, sender domains and cancellation (contract sections 3-5).
+ *
+ * Paid calls are idempotent per contract section 5.7: provision keys live IDEMPOTENCY_TTL_SECONDS and
+ * their stored response is sealed under the key (DESIGN decision 10); extend keys are scoped to the inbox.
+ */
+import { addSeconds, type Clock } from './clock.ts';
+import { ServiceError, unauthorized } from './errors.ts';
+import { newInboxId, newOwnerCredential, newReaderCredential } from './ids.ts';
+import { type InboxStatus, presentInboxStatus } from './inbox-status.ts';
+import { usageInstant } from './lifecycle.ts';
+import type { Caller, InboxRecord } from './model.ts';
+import type { OptOuts } from './opt-outs.ts';
+import type { InboxStore } from './ports.ts';
+import { hashCredential, type Secrets } from './secrets.ts';
+
+export interface InboxSettings {
+  provisioning: 'open' | 'closed';
+  mailDomain: string;
+  unitSeconds: number;
+  quotaBytes: number;
+  idempotencyTtlSeconds: number;
+}
+
+export interface ProvisionedInbox {
+  inbox_id: string;
+  address: string;
+  created_at: string;
+  expires_at: string;
+  quota_bytes: number;
+  sender_domains: string[];
+  credentials: { owner: string; reader: string };
+}
+
+export interface Replayable<T> {
+  body: T;
+  replayed: boolean;
+}
+
+export class InboxService {
+  readonly #store: InboxStore;
+  readonly #optOuts: OptOuts;
+  readonly #secrets: Secrets;
+  readonly #clock: Clock;
+  readonly #settings: InboxSettings;
+
+  constructor(store: InboxStore, optOuts: OptOuts, secrets: Secrets, clock: Clock, settings: InboxSettings) {
+    this.#store = store;
+    this.#optOuts = optOuts;
+    this.#secrets = secrets;
+    this.#clock = clock;
+    this.#settings = settings;
+  }
+
+  /** Refused with 401 while provisioning is closed, unless the operator CLI asks (`viaOperator`). */
+  assertProvisioningOpen(): void {
+    if (this.#settings.provisioning === 'closed') throw unauthorized();
+  }
+
+  async provision(senderDomains: string[], idempotencyKey?: string): Promise<Replayable<ProvisionedInbox>> {
+    await this.#optOuts.assertAllowed(senderDomains);
+    const now = this.#clock.now();
+    const owner = newOwnerCredential();
+    const reader = newReaderCredential();
+    const inbox = {
+      inboxId: newInboxId(),
+      createdAt: now,
+      expiresAt: addSeconds(now, this.#settings.unitSeconds),
+      quotaBytes: this.#settings.quotaBytes,
+      senderDomains,
+    };
+    const body: ProvisionedInbox = {
+      inbox_id: inbox.inboxId,
+      address: `${inbox.inboxId}@${this.#settings.mailDomain}`,
+      created_at: inbox.createdAt.toISOString(),
+      expires_at: inbox.expiresAt.toISOString(),
+      quota_bytes: inbox.quotaBytes,
+      sender_domains: senderDomains,
+      credentials: { owner, reader },
+    };
+    const record = { ...inbox, ownerHash: hashCredential(owner), readerHash: hashCredential(reader) };
+    if (idempotencyKey === undefined) {
+      await this.#store.create(record);
+      return { body, replayed: false };
+    }
+    const requestHash = this.#secrets.requestHash({ sender_domains: senderDomains });
+    const result = await this.#store.create(record, {
+      keyHash: this.#secrets.idempotencyKeyHash('provision', idempotencyKey),
+      requestHash,
+      sealedResponse: this.#secrets.seal(idempotencyKey, JSON.stringify(body)),
+      forgetBefore: addSeconds(now, -this.#settings.idempotencyTtlSeconds),
+      now,
+    });
+    if (result.created) return { body, replayed: false };
+    if (!result.existing.requestHash.equals(requestHash)) throw idempotencyConflict();
+    const stored = JSON.parse(
+      this.#secrets.open(idempotencyKey, result.existing.sealedResponse),
+    ) as ProvisionedInbox;
+    return { body: stored, replayed: true };
+  }
+
+  async status(inbox: InboxRecord): Promise<InboxStatus> {
+    const now = this.#clock.now();
+    const usage = await this.#store.usage(inbox.inboxId, usageInstant(inbox, now));
+    return presentInboxStatus(inbox, usage, now, this.#settings.mailDomain);
+  }
+
+  async extend(caller: Caller, idempotencyKey?: string): Promise<Replayable<InboxStatus>> {
+    const now = this.#clock.now();
+    const keyHash =
+      idempotencyKey === undefined
+        ? undefined
+        : this.#secrets.idempotencyKeyHash(caller.inbox.inboxId, idempotencyKey);
+    const result = await this.#store.extend(
+      caller.inbox.inboxId,
+      this.#settings.unitSeconds,
+      now,
+      keyHash,
+      (inbox, usage) => presentInboxStatus(inbox, usage, now, this.#settings.mailDomain),
+    );
+    if (result.kind === 'expired') throw inboxExpired();
+    return { body: result.response as InboxStatus, replayed: result.kind === 'replayed' };
+  }
+
+  /** The opt-out check (a 409 that depends on the request alone) is the caller's, before authorization. */
+  async setSenderDomains(caller: Caller, senderDomains: string[]): Promise<InboxStatus> {
+    const now = this.#clock.now();
+    const updated = await this.#store.setSenderDomains(caller.inbox.inboxId, senderDomains, now);
+    if (updated === 'expired') throw inboxExpired();
+    return this.status(updated);
+  }
+
+  /** Operator action: cancel for abuse. Returns false when no such inbox exists. */
+  async cancel(inboxId: string): Promise<boolean> {
+    return (await this.#store.cancel(inboxId, this.#clock.now())) !== undefined;
+  }
+}
+
+const idempotencyConflict = (): ServiceError =>
+  new ServiceError(
+    'idempotency_conflict',
+    'This Idempotency-Key was already used with a different request.',
+    {
+      field: 'Idempotency-Key',
+    },
+  );
+
+const inboxExpired = (): ServiceError => new ServiceError('inbox_expired', 'This inbox has expired.');

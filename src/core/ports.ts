@@ -1,0 +1,169 @@
+/**
+ * ports - what the core needs from storage. storage/ implements each against Postgres.
+ *
+ * Invariants every implementation keeps:
+ * - positions in an inbox's event sequence are assigned under that inbox's row lock and committed in
+ *   order, so a reader that sees position p also sees every position below p (DESIGN decision 8);
+ * - reservations and deliveries are keyed by (inbox, queue id): repeating one is harmless (decision 5);
+ * - "now" is always passed in; no store reads the database clock.
+ */
+import type {
+  Authentication,
+  Caller,
+  InboxEvent,
+  InboxRecord,
+  MessageRecord,
+  RejectionReason,
+  Role,
+  Usage,
+} from './model.ts';
+
+export interface NewInbox {
+  inboxId: string;
+  createdAt: Date;
+  expiresAt: Date;
+  quotaBytes: number;
+  senderDomains: string[];
+  ownerHash: Buffer;
+  readerHash: Buffer;
+}
+
+export interface ProvisionClaim {
+  keyHash: Buffer;
+  requestHash: Buffer;
+  sealedResponse: Buffer;
+  /** Records created before this instant are forgotten (IDEMPOTENCY_TTL_SECONDS). */
+  forgetBefore: Date;
+  now: Date;
+}
+
+export type StoredProvision = { requestHash: Buffer; sealedResponse: Buffer };
+
+export interface InboxStore {
+  /**
+   * Creates the inbox. With a claim, the Idempotency-Key record is written in the same transaction; if a
+   * live record for the key already exists nothing is created and that record is returned instead.
+   */
+  create(
+    inbox: NewInbox,
+    claim?: ProvisionClaim,
+  ): Promise<{ created: true } | { created: false; existing: StoredProvision }>;
+  findByCredential(credentialHash: Buffer): Promise<{ role: Role; inbox: InboxRecord } | undefined>;
+  findById(inboxId: string): Promise<InboxRecord | undefined>;
+  /** Messages held at `asOf`: in flight, stored and downloaded ones not yet deleted at that instant. */
+  usage(inboxId: string, asOf: Date): Promise<Usage>;
+  /**
+   * Adds `seconds` to expires_at unless it has passed, recording the response under the key if one is
+   * given. A key already recorded for this inbox returns its stored response and changes nothing.
+   */
+  extend(
+    inboxId: string,
+    seconds: number,
+    now: Date,
+    key: Buffer | undefined,
+    respond: (inbox: InboxRecord, usage: Usage) => unknown,
+  ): Promise<{ kind: 'extended' | 'replayed'; response: unknown } | { kind: 'expired' }>;
+  /** Replaces the list unless the inbox has expired. */
+  setSenderDomains(inboxId: string, domains: string[], now: Date): Promise<InboxRecord | 'expired'>;
+  /** Marks the inbox cancelled and deletes its messages; returns false for an unknown inbox. */
+  cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined>;
+}
+
+export interface OptOutStore {
+  /** The subset of `domains` that is opted out (exact names; the caller expands parents). */
+  findOptedOut(domains: string[]): Promise<string[]>;
+  add(domain: string, now: Date): Promise<boolean>;
+  remove(domain: string): Promise<boolean>;
+  list(): Promise<{ domain: string; createdAt: Date }[]>;
+}
+
+export type Bucket = 'poll' | 'download';
+
+export interface RateLimiter {
+  /** Takes one token; never called for a request whose credential was not the inbox's own. */
+  take(
+    inboxId: string,
+    bucket: Bucket,
+    now: Date,
+  ): Promise<{ allowed: true } | { allowed: false; retryAfterSeconds: number }>;
+}
+
+export interface Reservation {
+  inboxId: string;
+  messageId: string;
+  queueId: string;
+  sizeBytes: number;
+  envelopeFrom: string;
+  now: Date;
+}
+
+export interface DeliverySummary {
+  fromName: string | null;
+  fromAddress: string | null;
+  subject: string | null;
+  internetMessageId: string | null;
+  authentication: Authentication | null;
+}
+
+export interface Delivery {
+  inboxId: string;
+  queueId: string;
+  /** Used when the milter made no reservation for this queue id (e.g. delivered after a restore). */
+  envelopeFrom: string;
+  summary: DeliverySummary;
+  now: Date;
+}
+
+export interface RejectionInput {
+  inboxId: string;
+  reason: RejectionReason;
+  envelopeFrom: string;
+  senderDomain: string | null;
+  sizeBytes: number;
+  /** For `sender_not_allowed`, retries of one Message-ID are one event. */
+  internetMessageId: string | null;
+  now: Date;
+}
+
+export interface ListWindow {
+  afterPosition: number;
+  limit: number;
+  now: Date;
+  includeMessages: boolean;
+  /** Rejections first listed before this instant are no longer held. */
+  rejectionsListedAfter: Date;
+}
+
+export interface MessageStore {
+  /**
+   * Reserves `sizeBytes` of quota for a delivery in flight if it fits in the free quota, atomically
+   * with the check (DESIGN decision 4). Repeating a reservation for the same queue id is 'exists'.
+   */
+  reserve(reservation: Reservation): Promise<'reserved' | 'exists' | 'over_quota'>;
+  /**
+   * Streams the body into chunks and makes the message visible at the next event position, all in one
+   * transaction. A queue id already stored for this inbox is a 'duplicate' and stores nothing.
+   * The body iterable is consumed exactly once, chunk by chunk; memory is bounded by the chunk size.
+   */
+  store(
+    delivery: Delivery,
+    body: AsyncIterable<Buffer>,
+  ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }>;
+  find(inboxId: string, messageId: string): Promise<MessageRecord | undefined>;
+  /** Events after a position, oldest first, at most limit + 1 of each kind, from one snapshot. */
+  listEvents(inboxId: string, window: ListWindow): Promise<InboxEvent[]>;
+  /** Sets listed_at and delete_after (only ever earlier) on first listing; returns the new delete_after per id. */
+  markListed(inboxId: string, messageIds: string[], now: Date, deleteAfter: Date): Promise<Map<string, Date>>;
+  markRejectionsListed(inboxId: string, positions: number[], now: Date): Promise<void>;
+  /** Sets downloaded_at once and moves delete_after to at most `deleteAfter`. */
+  markDownloaded(inboxId: string, messageId: string, now: Date, deleteAfter: Date): Promise<void>;
+  /** The bytes [start, end] of a stored message, in order, a chunk at a time. */
+  readRange(message: MessageRecord, start: number, end: number): AsyncIterable<Buffer>;
+  recordRejection(
+    input: RejectionInput,
+    maxHeld: number,
+    heldListedAfter: Date,
+  ): Promise<'recorded' | 'counted'>;
+}
+
+export type { Caller };

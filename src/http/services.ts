@@ -1,0 +1,19 @@
+/**
+ * services - what the HTTP adapter calls. Built by the container (src/container.ts) or by a test.
+ */
+import type { Access } from '../core/access.ts';
+import type { DownloadService } from '../core/download-service.ts';
+import type { InboxService } from '../core/inbox-service.ts';
+import type { OptOuts } from '../core/opt-outs.ts';
+import type { PollService } from '../core/poll-service.ts';
+import type { Logger } from './error-middleware.ts';
+
+export interface HttpServices {
+  environment: 'dev' | 'prod';
+  access: Access;
+  inboxes: InboxService;
+  polls: PollService;
+  downloads: DownloadService;
+  optOuts: OptOuts;
+  log: Logger;
+}

@@ -1,0 +1,160 @@
+/**
+ * inbox-store - Postgres implementation of the core's InboxStore port.
+ */
+import type { InboxRecord, Role, Usage } from '../core/model.ts';
+import type { InboxStore, NewInbox, ProvisionClaim, StoredProvision } from '../core/ports.ts';
+import type { Database, Queryable } from './database.ts';
+import { INBOX_COLUMNS, type InboxRow, toInbox } from './rows.ts';
+
+/** Messages held at $2: not yet deleted then, by a recorded deletion or by delete_after. */
+const USAGE_SQL = `
+  SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes
+  FROM messages
+  WHERE inbox_id = $1 AND reserved_at <= $2
+    AND (deleted_at IS NULL OR deleted_at > $2)
+    AND (delete_after IS NULL OR delete_after > $2)`;
+
+export class PgInboxStore implements InboxStore {
+  readonly #db: Database;
+
+  constructor(db: Database) {
+    this.#db = db;
+  }
+
+  async create(
+    inbox: NewInbox,
+    claim?: ProvisionClaim,
+  ): Promise<{ created: true } | { created: false; existing: StoredProvision }> {
+    const outcome = await this.#db.transaction(async (client) => {
+      if (claim) {
+        // A live record for the key wins; an expired one is replaced (the key is forgotten after the TTL).
+        const claimed = await client.query(
+          `INSERT INTO provision_idempotency AS p (key_hash, request_hash, sealed_response, created_at)
+           VALUES ($1, $2, $3, $4)
+           ON CONFLICT (key_hash) DO UPDATE
+             SET request_hash = excluded.request_hash, sealed_response = excluded.sealed_response,
+                 created_at = excluded.created_at
+             WHERE p.created_at < $5
+           RETURNING 1`,
+          [claim.keyHash, claim.requestHash, claim.sealedResponse, claim.now, claim.forgetBefore],
+        );
+        if (claimed.rowCount === 0) return 'taken' as const;
+      }
+      await client.query(
+        `INSERT INTO inboxes (inbox_id, created_at, expires_at, quota_bytes, sender_domains)
+         VALUES ($1, $2, $3, $4, $5)`,
+        [inbox.inboxId, inbox.createdAt, inbox.expiresAt, inbox.quotaBytes, inbox.senderDomains],
+      );
+      await client.query(
+        `INSERT INTO credentials (credential_hash, inbox_id, role) VALUES ($1, $3, 'owner'), ($2, $3, 'reader')`,
+        [inbox.ownerHash, inbox.readerHash, inbox.inboxId],
+      );
+      return 'created' as const;
+    });
+    if (outcome === 'created') return { created: true };
+    const claim_ = claim as ProvisionClaim;
+    const [existing] = await this.#db.rows<{ request_hash: Buffer; sealed_response: Buffer }>(
+      'provision-replay',
+      'SELECT request_hash, sealed_response FROM provision_idempotency WHERE key_hash = $1',
+      [claim_.keyHash],
+    );
+    if (!existing) throw new Error('idempotency record vanished between claim and read');
+    return {
+      created: false,
+      existing: { requestHash: existing.request_hash, sealedResponse: existing.sealed_response },
+    };
+  }
+
+  async findByCredential(credentialHash: Buffer): Promise<{ role: Role; inbox: InboxRecord } | undefined> {
+    const [row] = await this.#db.rows<InboxRow & { role: Role }>(
+      'inbox-by-credential',
+      `SELECT c.role, ${INBOX_COLUMNS} FROM credentials c JOIN inboxes i USING (inbox_id) WHERE c.credential_hash = $1`,
+      [credentialHash],
+    );
+    return row ? { role: row.role, inbox: toInbox(row) } : undefined;
+  }
+
+  async findById(inboxId: string): Promise<InboxRecord | undefined> {
+    const [row] = await this.#db.rows<InboxRow>(
+      'inbox-by-id',
+      `SELECT ${INBOX_COLUMNS} FROM inboxes i WHERE i.inbox_id = $1`,
+      [inboxId],
+    );
+    return row ? toInbox(row) : undefined;
+  }
+
+  async usage(inboxId: string, asOf: Date, on?: Queryable): Promise<Usage> {
+    const [row] = await this.#db.rows<{ message_count: number; quota_used_bytes: number }>(
+      'inbox-usage',
+      USAGE_SQL,
+      [inboxId, asOf],
+      on,
+    );
+    return { messageCount: row?.message_count ?? 0, quotaUsedBytes: row?.quota_used_bytes ?? 0 };
+  }
+
+  async extend(
+    inboxId: string,
+    seconds: number,
+    now: Date,
+    key: Buffer | undefined,
+    respond: (inbox: InboxRecord, usage: Usage) => unknown,
+  ): Promise<{ kind: 'extended' | 'replayed'; response: unknown } | { kind: 'expired' }> {
+    return this.#db.transaction(async (client) => {
+      // The row lock serializes extends of one inbox, so two requests with one key cannot both apply.
+      await client.query('SELECT 1 FROM inboxes WHERE inbox_id = $1 FOR UPDATE', [inboxId]);
+      if (key) {
+        const replay = await client.query(
+          'SELECT response FROM extend_idempotency WHERE inbox_id = $1 AND key_hash = $2',
+          [inboxId, key],
+        );
+        if (replay.rows[0])
+          return { kind: 'replayed' as const, response: replay.rows[0].response as unknown };
+      }
+      const updated = await client.query<InboxRow>(
+        `UPDATE inboxes i SET expires_at = expires_at + make_interval(secs => $2)
+         WHERE inbox_id = $1 AND expires_at > $3 RETURNING ${INBOX_COLUMNS}`,
+        [inboxId, seconds, now],
+      );
+      const row = updated.rows[0];
+      if (!row) return { kind: 'expired' as const };
+      const response = respond(toInbox(row), await this.usage(inboxId, now, client));
+      if (key) {
+        await client.query(
+          'INSERT INTO extend_idempotency (inbox_id, key_hash, response, created_at) VALUES ($1, $2, $3, $4)',
+          [inboxId, key, JSON.stringify(response), now],
+        );
+      }
+      return { kind: 'extended' as const, response };
+    });
+  }
+
+  async setSenderDomains(inboxId: string, domains: string[], now: Date): Promise<InboxRecord | 'expired'> {
+    const [row] = await this.#db.rows<InboxRow>(
+      'inbox-set-sender-domains',
+      `UPDATE inboxes i SET sender_domains = $2 WHERE inbox_id = $1 AND expires_at > $3 RETURNING ${INBOX_COLUMNS}`,
+      [inboxId, domains, now],
+    );
+    return row ? toInbox(row) : 'expired';
+  }
+
+  async cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined> {
+    return this.#db.transaction(async (client) => {
+      const updated = await client.query<InboxRow>(
+        `UPDATE inboxes i SET cancelled_at = coalesce(cancelled_at, $2) WHERE inbox_id = $1 RETURNING ${INBOX_COLUMNS}`,
+        [inboxId, now],
+      );
+      const row = updated.rows[0];
+      if (!row) return undefined;
+      // Mail is deleted at once (contract section 3); chunks go, the rows stay as tombstones.
+      await client.query(`DELETE FROM message_chunks WHERE inbox_id = $1`, [inboxId]);
+      await client.query(
+        `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $2),
+           deleted_reason = coalesce(deleted_reason, 'cancelled')
+         WHERE inbox_id = $1 AND state <> 'deleted'`,
+        [inboxId, now],
+      );
+      return toInbox(row);
+    });
+  }
+}

@@ -1,0 +1,299 @@
+/**
+ * message-store - Postgres implementation of the core's MessageStore port: reservations, streamed
+ * storage in fixed-size chunks, the event listing, download marks, byte ranges and rejections.
+ */
+import { createHash } from 'node:crypto';
+import type pg from 'pg';
+import { newMessageId } from '../core/ids.ts';
+import type { InboxEvent, MessageRecord, RejectionReason } from '../core/model.ts';
+import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } from '../core/ports.ts';
+import type { Database } from './database.ts';
+import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
+
+/** Bytes per stored chunk: bounds memory per delivery and per download (DESIGN decision 7). */
+export const CHUNK_BYTES = 256 * 1024;
+/** Chunks fetched per query while streaming a download (about 1 MiB). */
+const CHUNKS_PER_READ = 4;
+
+const LIST_EVENTS_SQL = `
+  (SELECT 'message' AS kind, ${MESSAGE_COLUMNS}, NULL::timestamptz AS r_at, NULL::text AS r_reason,
+          NULL::text AS r_sender_domain
+   FROM messages m
+   WHERE m.inbox_id = $1 AND m.position > $2 AND m.state = 'stored' AND $5::boolean
+     AND (m.delete_after IS NULL OR m.delete_after > $4)
+   ORDER BY m.position LIMIT $3)
+  UNION ALL
+  (SELECT 'rejection', r.inbox_id, NULL, NULL, r.size_bytes, NULL, NULL, r.envelope_from, NULL, NULL, NULL, NULL,
+          NULL, NULL, r.position, r.listed_at, NULL, NULL, NULL, NULL, r.at, r.reason, r.sender_domain
+   FROM rejections r
+   WHERE r.inbox_id = $1 AND r.position > $2 AND (r.listed_at IS NULL OR r.listed_at > $6)
+   ORDER BY r.position LIMIT $3)`;
+
+type EventRow = MessageRow & {
+  kind: 'message' | 'rejection';
+  r_at: Date;
+  r_reason: RejectionReason;
+  r_sender_domain: string | null;
+};
+
+export class PgMessageStore implements MessageStore {
+  readonly #db: Database;
+
+  constructor(db: Database) {
+    this.#db = db;
+  }
+
+  async reserve(r: Reservation): Promise<'reserved' | 'exists' | 'over_quota'> {
+    return this.#db.transaction(async (client) => {
+      // The inbox row lock makes check-and-reserve atomic: concurrent deliveries cannot overfill.
+      const inbox = await client.query<{ quota_bytes: number }>(
+        'SELECT quota_bytes FROM inboxes WHERE inbox_id = $1 FOR UPDATE',
+        [r.inboxId],
+      );
+      const quota = inbox.rows[0]?.quota_bytes;
+      if (quota === undefined) throw new Error(`no inbox ${r.inboxId}`);
+      const existing = await client.query('SELECT 1 FROM messages WHERE inbox_id = $1 AND queue_id = $2', [
+        r.inboxId,
+        r.queueId,
+      ]);
+      if (existing.rowCount) return 'exists';
+      const used = await client.query<{ used: number }>(
+        `SELECT coalesce(sum(size_bytes), 0)::int8 AS used FROM messages
+         WHERE inbox_id = $1 AND deleted_at IS NULL AND (delete_after IS NULL OR delete_after > $2)`,
+        [r.inboxId, r.now],
+      );
+      if ((used.rows[0]?.used ?? 0) + r.sizeBytes > quota) return 'over_quota';
+      await client.query(
+        `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
+         VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)`,
+        [r.inboxId, r.messageId, r.queueId, r.sizeBytes, r.envelopeFrom, r.now],
+      );
+      return 'reserved';
+    });
+  }
+
+  async store(
+    d: Delivery,
+    body: AsyncIterable<Buffer>,
+  ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
+    return this.#db.transaction(async (client) => {
+      await client.query(
+        `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
+         VALUES ($1, $2, $3, 'in_flight', 0, $4, $5) ON CONFLICT (inbox_id, queue_id) DO NOTHING`,
+        [d.inboxId, newMessageId(), d.queueId, d.envelopeFrom, d.now],
+      );
+      // Locks this delivery's row: a concurrent redelivery of the same queue id waits, then sees 'stored'.
+      const locked = await client.query<{ message_id: string; state: string }>(
+        'SELECT message_id, state FROM messages WHERE inbox_id = $1 AND queue_id = $2 FOR UPDATE',
+        [d.inboxId, d.queueId],
+      );
+      const row = locked.rows[0];
+      if (!row) throw new Error('delivery row missing after insert');
+      if (row.state !== 'in_flight') {
+        for await (const _ of body) {
+          // drain: the caller's stream must be consumed even when nothing is stored
+        }
+        return { kind: 'duplicate' as const, messageId: row.message_id };
+      }
+      const { size, sha256 } = await writeChunks(client, d.inboxId, row.message_id, body);
+      const seq = await client.query<{ event_seq: number }>(
+        'UPDATE inboxes SET event_seq = event_seq + 1 WHERE inbox_id = $1 RETURNING event_seq',
+        [d.inboxId],
+      );
+      await client.query(
+        `UPDATE messages SET state = 'stored', size_bytes = $3, chunk_bytes = $4, sha256 = $5, from_name = $6,
+           from_address = $7, subject = $8, internet_message_id = $9, authentication = $10, received_at = $11,
+           position = $12
+         WHERE inbox_id = $1 AND message_id = $2`,
+        [
+          d.inboxId,
+          row.message_id,
+          size,
+          CHUNK_BYTES,
+          sha256,
+          d.summary.fromName,
+          d.summary.fromAddress,
+          d.summary.subject,
+          d.summary.internetMessageId,
+          d.summary.authentication ? JSON.stringify(d.summary.authentication) : null,
+          d.now,
+          seq.rows[0]?.event_seq,
+        ],
+      );
+      return { kind: 'stored' as const, messageId: row.message_id };
+    });
+  }
+
+  async find(inboxId: string, messageId: string): Promise<MessageRecord | undefined> {
+    const [row] = await this.#db.rows<MessageRow>(
+      'message-find',
+      `SELECT ${MESSAGE_COLUMNS} FROM messages m WHERE m.inbox_id = $1 AND m.message_id = $2`,
+      [inboxId, messageId],
+    );
+    return row ? toMessage(row) : undefined;
+  }
+
+  async listEvents(inboxId: string, w: ListWindow): Promise<InboxEvent[]> {
+    const rows = await this.#db.rows<EventRow>('events-list', LIST_EVENTS_SQL, [
+      inboxId,
+      w.afterPosition,
+      w.limit + 1,
+      w.now,
+      w.includeMessages,
+      w.rejectionsListedAfter,
+    ]);
+    const events: InboxEvent[] = rows.map((row) =>
+      row.kind === 'message'
+        ? { kind: 'message', position: row.position as number, message: toMessage(row) }
+        : {
+            kind: 'rejection',
+            position: row.position as number,
+            listedAt: row.listed_at,
+            rejection: {
+              position: row.position as number,
+              at: row.r_at,
+              envelopeFrom: row.envelope_from,
+              reason: row.r_reason,
+              senderDomain: row.r_sender_domain,
+              sizeBytes: row.size_bytes,
+            },
+          },
+    );
+    return events.sort((a, b) => a.position - b.position);
+  }
+
+  async markListed(
+    inboxId: string,
+    messageIds: string[],
+    now: Date,
+    deleteAfter: Date,
+  ): Promise<Map<string, Date>> {
+    const rows = await this.#db.rows<{ message_id: string; delete_after: Date }>(
+      'messages-mark-listed',
+      `UPDATE messages SET listed_at = $3, delete_after = least(coalesce(delete_after, 'infinity'), $4)
+       WHERE inbox_id = $1 AND message_id = ANY($2) AND listed_at IS NULL
+       RETURNING message_id, delete_after`,
+      [inboxId, messageIds, now, deleteAfter],
+    );
+    return new Map(rows.map((row) => [row.message_id, row.delete_after]));
+  }
+
+  async markRejectionsListed(inboxId: string, positions: number[], now: Date): Promise<void> {
+    await this.#db.rows(
+      'rejections-mark-listed',
+      'UPDATE rejections SET listed_at = $3 WHERE inbox_id = $1 AND position = ANY($2) AND listed_at IS NULL',
+      [inboxId, positions, now],
+    );
+  }
+
+  async markDownloaded(inboxId: string, messageId: string, now: Date, deleteAfter: Date): Promise<void> {
+    await this.#db.rows(
+      'message-mark-downloaded',
+      `UPDATE messages SET downloaded_at = coalesce(downloaded_at, $3),
+         delete_after = least(coalesce(delete_after, 'infinity'), $4)
+       WHERE inbox_id = $1 AND message_id = $2`,
+      [inboxId, messageId, now, deleteAfter],
+    );
+  }
+
+  async *readRange(message: MessageRecord, start: number, end: number): AsyncIterable<Buffer> {
+    const chunkBytes = message.chunkBytes ?? CHUNK_BYTES;
+    if (end < start) return;
+    const lastSeq = Math.floor(end / chunkBytes);
+    for (let seq = Math.floor(start / chunkBytes); seq <= lastSeq; seq += CHUNKS_PER_READ) {
+      const upTo = Math.min(lastSeq, seq + CHUNKS_PER_READ - 1);
+      // Binary result format: bytea arrives as raw bytes, not hex text to decode.
+      const result = await this.#db.pool.query<{ data: Buffer }>({
+        name: 'chunks-read',
+        text: 'SELECT data FROM message_chunks WHERE inbox_id = $1 AND message_id = $2 AND seq BETWEEN $3 AND $4 ORDER BY seq',
+        values: [message.inboxId, message.messageId, seq, upTo],
+        binary: true,
+      } as pg.QueryConfig);
+      if (result.rows.length !== upTo - seq + 1)
+        throw new Error(`message ${message.messageId} is missing chunks`);
+      for (let i = 0; i < result.rows.length; i++) {
+        const data = (result.rows[i] as { data: Buffer }).data;
+        const offset = (seq + i) * chunkBytes;
+        yield data.subarray(Math.max(0, start - offset), Math.min(data.length, end - offset + 1));
+      }
+    }
+  }
+
+  async recordRejection(
+    input: RejectionInput,
+    maxHeld: number,
+    heldListedAfter: Date,
+  ): Promise<'recorded' | 'counted'> {
+    return this.#db.transaction(async (client) => {
+      const counted = await client.query(
+        'UPDATE inboxes SET rejection_count = rejection_count + 1 WHERE inbox_id = $1',
+        [input.inboxId],
+      );
+      if (!counted.rowCount) return 'counted';
+      const held = await client.query<{ held: number; same: number }>(
+        `SELECT count(*)::int AS held,
+                count(*) FILTER (WHERE reason = $3 AND internet_message_id = $4)::int AS same
+         FROM rejections WHERE inbox_id = $1 AND (listed_at IS NULL OR listed_at > $2)`,
+        [input.inboxId, heldListedAfter, input.reason, input.internetMessageId],
+      );
+      const { held: heldCount = 0, same = 0 } = held.rows[0] ?? {};
+      const retry = input.reason === 'sender_not_allowed' && input.internetMessageId !== null && same > 0;
+      if (retry || heldCount >= maxHeld) return 'counted';
+      const seq = await client.query<{ event_seq: number }>(
+        'UPDATE inboxes SET event_seq = event_seq + 1 WHERE inbox_id = $1 RETURNING event_seq',
+        [input.inboxId],
+      );
+      await client.query(
+        `INSERT INTO rejections (inbox_id, position, at, envelope_from, reason, sender_domain, size_bytes, internet_message_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+        [
+          input.inboxId,
+          seq.rows[0]?.event_seq,
+          input.now,
+          input.envelopeFrom,
+          input.reason,
+          input.senderDomain,
+          input.sizeBytes,
+          input.internetMessageId,
+        ],
+      );
+      return 'recorded';
+    });
+  }
+}
+
+/** Re-cuts the incoming stream into CHUNK_BYTES pieces and inserts each as it fills. */
+async function writeChunks(
+  client: pg.PoolClient,
+  inboxId: string,
+  messageId: string,
+  body: AsyncIterable<Buffer>,
+): Promise<{ size: number; sha256: Buffer }> {
+  const hash = createHash('sha256');
+  let pending: Buffer[] = [];
+  let pendingBytes = 0;
+  let seq = 0;
+  let size = 0;
+  const flush = async (bytes: Buffer): Promise<void> => {
+    await client.query({
+      name: 'chunk-insert',
+      text: 'INSERT INTO message_chunks (inbox_id, message_id, seq, data) VALUES ($1, $2, $3, $4)',
+      values: [inboxId, messageId, seq++, bytes],
+    });
+  };
+  for await (const piece of body) {
+    hash.update(piece);
+    size += piece.length;
+    pending.push(piece);
+    pendingBytes += piece.length;
+    while (pendingBytes >= CHUNK_BYTES) {
+      const all = Buffer.concat(pending, pendingBytes);
+      await flush(all.subarray(0, CHUNK_BYTES));
+      const rest = all.subarray(CHUNK_BYTES);
+      pending = rest.length > 0 ? [rest] : [];
+      pendingBytes = rest.length;
+    }
+  }
+  if (pendingBytes > 0) await flush(Buffer.concat(pending, pendingBytes));
+  return { size, sha256: hash.digest() };
+}
