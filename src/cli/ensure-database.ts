@@ -1,0 +1,30 @@
+/**
+ * ensure-database - creates the database named in DATABASE_URL when it does not exist yet
+ * (`make run` and `make test` call it; production creates its database by other means).
+ */
+import pg from 'pg';
+import { ConfigError, loadConfig } from '../config/config.ts';
+
+async function main(): Promise<void> {
+  const url = new URL(loadConfig().databaseUrl);
+  const name = decodeURIComponent(url.pathname.slice(1));
+  const maintenance = new URL(url);
+  maintenance.pathname = '/postgres';
+  const client = new pg.Client({ connectionString: maintenance.toString() });
+  await client.connect();
+  try {
+    const exists = await client.query('SELECT 1 FROM pg_database WHERE datname = $1', [name]);
+    if (exists.rowCount === 0) {
+      await client.query(`CREATE DATABASE "${name.replaceAll('"', '""')}"`);
+      process.stdout.write(`created database ${name}\n`);
+    }
+  } finally {
+    await client.end();
+  }
+}
+
+main().catch((error: unknown) => {
+  const message = error instanceof ConfigError ? `configuration error: ${error.message}` : String(error);
+  process.stderr.write(`ensure-database: ${message}\n`);
+  process.exit(1);
+});
