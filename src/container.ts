@@ -11,15 +11,15 @@ import { DownloadService } from './core/download-service.ts';
 import { InboxService } from './core/inbox-service.ts';
 import { OptOuts } from './core/opt-outs.ts';
 import { PollService } from './core/poll-service.ts';
-import type { InboxStore, MessageStore, OptOutStore, RateLimiter } from './core/ports.ts';
+import type { Gatekeeper, InboxStore, MessageStore, OptOutStore } from './core/ports.ts';
 import { Secrets } from './core/secrets.ts';
 import type { HttpServices } from './http/services.ts';
 import { createLog, type Log } from './log.ts';
 import { Database } from './storage/database.ts';
+import { PgGatekeeper } from './storage/gatekeeper.ts';
 import { PgInboxStore } from './storage/inbox-store.ts';
 import { PgMessageStore } from './storage/message-store.ts';
 import { PgOptOutStore } from './storage/opt-out-store.ts';
-import { PgRateLimiter } from './storage/rate-limiter.ts';
 
 export const TOKENS = {
   Config: Symbol('Config'),
@@ -29,7 +29,7 @@ export const TOKENS = {
   InboxStore: Symbol('InboxStore'),
   MessageStore: Symbol('MessageStore'),
   OptOutStore: Symbol('OptOutStore'),
-  RateLimiter: Symbol('RateLimiter'),
+  Gatekeeper: Symbol('Gatekeeper'),
   Secrets: Symbol('Secrets'),
   Access: Symbol('Access'),
   OptOuts: Symbol('OptOuts'),
@@ -63,25 +63,16 @@ export function buildContainer(
   single(TOKENS.MessageStore, () => new PgMessageStore(get(TOKENS.Database)));
   single(TOKENS.OptOutStore, () => new PgOptOutStore(get(TOKENS.Database)));
   single(
-    TOKENS.RateLimiter,
+    TOKENS.Gatekeeper,
     () =>
-      new PgRateLimiter(get(TOKENS.Database), {
+      new PgGatekeeper(get(TOKENS.Database), {
         poll: { burst: config.pollRateBurst, perSecond: config.pollRatePerSecond },
         download: { burst: config.downloadRateBurst, perSecond: config.downloadRatePerSecond },
       }),
   );
   single(TOKENS.Secrets, () => new Secrets(config.secretKey));
   single(TOKENS.OptOuts, () => new OptOuts(get<OptOutStore>(TOKENS.OptOutStore)));
-  single(
-    TOKENS.Access,
-    () =>
-      new Access(
-        get<InboxStore>(TOKENS.InboxStore),
-        get<RateLimiter>(TOKENS.RateLimiter),
-        get(TOKENS.Clock),
-        config,
-      ),
-  );
+  single(TOKENS.Access, () => new Access(get<Gatekeeper>(TOKENS.Gatekeeper), get(TOKENS.Clock), config));
   single(
     TOKENS.InboxService,
     () =>
@@ -95,13 +86,7 @@ export function buildContainer(
   );
   single(
     TOKENS.PollService,
-    () =>
-      new PollService(
-        get<InboxStore>(TOKENS.InboxStore),
-        get<MessageStore>(TOKENS.MessageStore),
-        get(TOKENS.Clock),
-        config,
-      ),
+    () => new PollService(get<MessageStore>(TOKENS.MessageStore), get(TOKENS.Clock), config),
   );
   single(
     TOKENS.DownloadService,

@@ -4,7 +4,7 @@
  * variable is required (config.ts refuses to start without it).
  */
 import { randomBytes } from 'node:crypto';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { link, mkdir, readFile, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Config } from './config.ts';
 
@@ -13,10 +13,16 @@ export async function ensureSecretKey(config: Config): Promise<Config & { secret
   const path = join(config.runDir, 'secret-key');
   await mkdir(config.runDir, { recursive: true });
   const made = randomBytes(32).toString('base64url');
+  // Written whole to a private file, then linked into place: a concurrent reader never sees it half
+  // written, and of two processes starting together the first link wins and both use its key.
+  const draft = `${path}.${process.pid}.${randomBytes(4).toString('hex')}`;
+  await writeFile(draft, `${made}\n`, { mode: 0o600, flag: 'wx' });
   try {
-    await writeFile(path, `${made}\n`, { mode: 0o600, flag: 'wx' });
+    await link(draft, path);
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
+  } finally {
+    await unlink(draft);
   }
   const secretKey = (await readFile(path, 'utf8')).trim();
   if (secretKey.length < 32)

@@ -1,51 +1,75 @@
 /**
- * access - contract section 4's check order, steps 1 and 3 to 6, for every call on an inbox.
- *
- * Step 1 (identify) looks the credential up by hash across all inboxes; step 2 (request shape) is the
- * caller's job between the two calls; authorize then does steps 3 to 6. A missing, malformed, unknown,
- * foreign or purged credential is the same 401 and costs the same single lookup (DESIGN decision 10).
- * A rate bucket is only touched once the credential is proven to be the inbox's own (decision 11).
+ * access - contract section 4's check order for every call on an inbox:
+ *   1. credential missing, malformed or unknown → 401
+ *   2. request shape → 400 (404 for a malformed message id; 409 for an opted-out sender domain)
+ *   3. credential not the inbox's own → 401
+ *   4. inbox cancelled → 410
+ *   5. role may not do this → 403
+ *   6. rate limit → 429
+ * Steps 1 and 3 to 6 cost one store round trip (Gatekeeper.admit), taken after the request's shape is
+ * known, so only a well-formed request by the inbox's own credential can consume a rate token.
+ * Missing, malformed, unknown, foreign and purged credentials are the same 401 and cost the same single
+ * lookup (DESIGN decision 10); purged means past the purge delay, whether or not a job has run.
  */
 import type { Clock } from './clock.ts';
+import { addSeconds } from './clock.ts';
 import { ServiceError, unauthorized } from './errors.ts';
 import { OWNER_CREDENTIAL, READER_CREDENTIAL } from './ids.ts';
 import { isPurged, type LifecycleSettings } from './lifecycle.ts';
-import type { Caller } from './model.ts';
-import type { Bucket, InboxStore, RateLimiter } from './ports.ts';
+import type { Caller, Usage } from './model.ts';
+import type { Bucket, Gatekeeper } from './ports.ts';
 import { hashCredential } from './secrets.ts';
 
 export interface Operation {
   ownerOnly: boolean;
   bucket: Bucket | null;
+  /** Also return the inbox's usage (status needs it; saves a round trip). */
+  withUsage?: boolean;
+}
+
+export type Shape<T> = { ok: true; value: T } | { ok: false; error: unknown };
+
+export interface Admitted<T> {
+  caller: Caller;
+  input: T;
+  usage: Usage | undefined;
 }
 
 export class Access {
-  readonly #inboxes: InboxStore;
-  readonly #limiter: RateLimiter;
+  readonly #gate: Gatekeeper;
   readonly #clock: Clock;
   readonly #settings: LifecycleSettings;
 
-  constructor(inboxes: InboxStore, limiter: RateLimiter, clock: Clock, settings: LifecycleSettings) {
-    this.#inboxes = inboxes;
-    this.#limiter = limiter;
+  constructor(gate: Gatekeeper, clock: Clock, settings: LifecycleSettings) {
+    this.#gate = gate;
     this.#clock = clock;
     this.#settings = settings;
   }
 
-  /** Step 1: who is calling. Throws 401 for anything but a credential of an existing inbox. */
-  async identify(authorization: string | undefined): Promise<Caller> {
+  /** Runs the six checks; `shape` is step 2's outcome, computed by the caller without side effects. */
+  async admit<T>(
+    authorization: string | undefined,
+    inboxId: string,
+    operation: Operation,
+    shape: Shape<T>,
+  ): Promise<Admitted<T>> {
     const token = bearerToken(authorization);
-    // Always one lookup, so a malformed token takes as long as an unknown one.
-    const found = await this.#inboxes.findByCredential(hashCredential(token));
     const wellFormed = OWNER_CREDENTIAL.test(token) || READER_CREDENTIAL.test(token);
-    if (!found || !wellFormed || isPurged(found.inbox, this.#clock.now(), this.#settings))
-      throw unauthorized();
-    return found;
-  }
-
-  /** Steps 3 to 6: the inbox's own credential, not cancelled, allowed, within the rate limit. */
-  async authorize(caller: Caller, inboxId: string, operation: Operation): Promise<void> {
-    const { inbox } = caller;
+    const now = this.#clock.now();
+    // Always one lookup, so a malformed token takes as long as an unknown one.
+    const admission = await this.#gate.admit({
+      credentialHash: hashCredential(token),
+      inboxId,
+      ownerOnly: operation.ownerOnly,
+      bucket: operation.bucket,
+      take: shape.ok && wellFormed,
+      withUsage: operation.withUsage === true && shape.ok,
+      now,
+      purgeCutoff: addSeconds(now, -this.#settings.purgeAfterSeconds),
+    });
+    if (!admission || !wellFormed || isPurged(admission.inbox, now, this.#settings)) throw unauthorized();
+    if (!shape.ok) throw shape.error;
+    const { inbox, role } = admission;
     if (inbox.inboxId !== inboxId) throw unauthorized();
     if (inbox.cancelledAt) {
       throw new ServiceError('inbox_cancelled', 'This inbox was cancelled for abuse.', {
@@ -53,17 +77,29 @@ export class Access {
         cancelled_at: inbox.cancelledAt.toISOString(),
       });
     }
-    if (operation.ownerOnly && caller.role !== 'owner') {
+    if (operation.ownerOnly && role !== 'owner')
       throw new ServiceError('forbidden', 'This operation needs the owner credential.');
-    }
     if (operation.bucket) {
-      const verdict = await this.#limiter.take(inbox.inboxId, operation.bucket, this.#clock.now());
-      if (!verdict.allowed) {
-        throw new ServiceError('rate_limited', `Rate limited; retry in ${verdict.retryAfterSeconds} s.`, {
-          retry_after_seconds: verdict.retryAfterSeconds,
+      if (admission.bucket === 'refused') {
+        const seconds = admission.retryAfterSeconds ?? 1;
+        throw new ServiceError('rate_limited', `Rate limited; retry in ${seconds} s.`, {
+          retry_after_seconds: seconds,
         });
       }
+      if (admission.bucket !== 'taken')
+        throw new Error('gatekeeper skipped the rate bucket of an admitted request');
     }
+    return { caller: { role, inbox }, input: shape.value, usage: admission.usage };
+  }
+}
+
+/** Step 2 as a value: a ServiceError thrown while reading the request is kept for after step 1. */
+export async function shapeOf<T>(read: () => Promise<T> | T): Promise<Shape<T>> {
+  try {
+    return { ok: true, value: await read() };
+  } catch (error) {
+    if (error instanceof ServiceError) return { ok: false, error };
+    throw error;
   }
 }
 

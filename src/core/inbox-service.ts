@@ -9,7 +9,7 @@ import { ServiceError, unauthorized } from './errors.ts';
 import { newInboxId, newOwnerCredential, newReaderCredential } from './ids.ts';
 import { type InboxStatus, presentInboxStatus } from './inbox-status.ts';
 import { usageInstant } from './lifecycle.ts';
-import type { Caller, InboxRecord } from './model.ts';
+import type { Caller, InboxRecord, Usage } from './model.ts';
 import type { OptOuts } from './opt-outs.ts';
 import type { InboxStore } from './ports.ts';
 import { hashCredential, type Secrets } from './secrets.ts';
@@ -52,13 +52,22 @@ export class InboxService {
     this.#settings = settings;
   }
 
-  /** Refused with 401 while provisioning is closed, unless the operator CLI asks (`viaOperator`). */
+  /** The HTTP route's gate: 401 while provisioning is closed. The operator CLI provisions regardless. */
   assertProvisioningOpen(): void {
     if (this.#settings.provisioning === 'closed') throw unauthorized();
   }
 
   async provision(senderDomains: string[], idempotencyKey?: string): Promise<Replayable<ProvisionedInbox>> {
-    await this.#optOuts.assertAllowed(senderDomains);
+    try {
+      await this.#optOuts.assertAllowed(senderDomains);
+    } catch (refused) {
+      // A retry of a provision that succeeded before a domain opted out still gets its stored response
+      // (contract 5.7: a replay returns the original response and charges nothing).
+      const replay =
+        idempotencyKey === undefined ? undefined : await this.#replay(senderDomains, idempotencyKey);
+      if (replay) return replay;
+      throw refused;
+    }
     const now = this.#clock.now();
     const owner = newOwnerCredential();
     const reader = newReaderCredential();
@@ -99,9 +108,24 @@ export class InboxService {
     return { body: stored, replayed: true };
   }
 
-  async status(inbox: InboxRecord): Promise<InboxStatus> {
+  /** The stored response for this key and request, if the key is still remembered. */
+  async #replay(senderDomains: string[], key: string): Promise<Replayable<ProvisionedInbox> | undefined> {
+    const existing = await this.#store.findProvision(
+      this.#secrets.idempotencyKeyHash('provision', key),
+      addSeconds(this.#clock.now(), -this.#settings.idempotencyTtlSeconds),
+    );
+    if (!existing?.requestHash.equals(this.#secrets.requestHash({ sender_domains: senderDomains })))
+      return undefined;
+    return {
+      body: JSON.parse(this.#secrets.open(key, existing.sealedResponse)) as ProvisionedInbox,
+      replayed: true,
+    };
+  }
+
+  /** `usage` when the caller already has it (read with the credential, at usageInstant). */
+  async status(inbox: InboxRecord, known?: Usage): Promise<InboxStatus> {
     const now = this.#clock.now();
-    const usage = await this.#store.usage(inbox.inboxId, usageInstant(inbox, now));
+    const usage = known ?? (await this.#store.usage(inbox.inboxId, usageInstant(inbox, now)));
     return presentInboxStatus(inbox, usage, now, this.#settings.mailDomain);
   }
 

@@ -11,7 +11,7 @@ import { invalidRequest } from './errors.ts';
 import { type InboxStatus, presentInboxStatus } from './inbox-status.ts';
 import { isExpired, usageInstant } from './lifecycle.ts';
 import type { Caller, MessageRecord, RejectionRecord } from './model.ts';
-import type { InboxStore, MessageStore } from './ports.ts';
+import type { MessageStore } from './ports.ts';
 
 export interface PollSettings {
   mailDomain: string;
@@ -53,13 +53,11 @@ export interface PollResponse {
 }
 
 export class PollService {
-  readonly #inboxes: InboxStore;
   readonly #messages: MessageStore;
   readonly #clock: Clock;
   readonly #settings: PollSettings;
 
-  constructor(inboxes: InboxStore, messages: MessageStore, clock: Clock, settings: PollSettings) {
-    this.#inboxes = inboxes;
+  constructor(messages: MessageStore, clock: Clock, settings: PollSettings) {
     this.#messages = messages;
     this.#clock = clock;
     this.#settings = settings;
@@ -71,12 +69,13 @@ export class PollService {
     if (afterPosition > inbox.eventSeq)
       throw invalidRequest('cursor', 'This cursor was not issued by the service.');
     const now = this.#clock.now();
-    const events = await this.#messages.listEvents(inbox.inboxId, {
+    const { events, usage } = await this.#messages.listEvents(inbox.inboxId, {
       afterPosition,
       limit,
       now,
       includeMessages: !isExpired(inbox, now),
       rejectionsListedAfter: addSeconds(now, -this.#settings.rejectionRetentionSeconds),
+      usageAsOf: usageInstant(inbox, now),
     });
     const page = events.slice(0, limit);
     const hasMore = events.length > limit;
@@ -105,7 +104,6 @@ export class PollService {
         : new Map<string, Date>();
     if (unlistedRejections.length > 0)
       await this.#messages.markRejectionsListed(inbox.inboxId, unlistedRejections, now);
-    const usage = await this.#inboxes.usage(inbox.inboxId, usageInstant(inbox, now));
 
     const inboxUrl = `${this.#settings.publicBaseUrl}/v1/inboxes/${inbox.inboxId}`;
     const nextCursor = encodeCursor(nextPosition);

@@ -48,6 +48,8 @@ export interface InboxStore {
     inbox: NewInbox,
     claim?: ProvisionClaim,
   ): Promise<{ created: true } | { created: false; existing: StoredProvision }>;
+  /** The record stored for a provision key, unless forgotten (created before `forgetBefore`). Reads only. */
+  findProvision(keyHash: Buffer, forgetBefore: Date): Promise<StoredProvision | undefined>;
   findByCredential(credentialHash: Buffer): Promise<{ role: Role; inbox: InboxRecord } | undefined>;
   findById(inboxId: string): Promise<InboxRecord | undefined>;
   /** Messages held at `asOf`: in flight, stored and downloaded ones not yet deleted at that instant. */
@@ -79,13 +81,35 @@ export interface OptOutStore {
 
 export type Bucket = 'poll' | 'download';
 
-export interface RateLimiter {
-  /** Takes one token; never called for a request whose credential was not the inbox's own. */
-  take(
-    inboxId: string,
-    bucket: Bucket,
-    now: Date,
-  ): Promise<{ allowed: true } | { allowed: false; retryAfterSeconds: number }>;
+export interface AdmissionRequest {
+  credentialHash: Buffer;
+  /** The inbox the request is about (the path's id). */
+  inboxId: string;
+  ownerOnly: boolean;
+  bucket: Bucket | null;
+  /** Take a token only if the request is well formed; a malformed one never counts. */
+  take: boolean;
+  withUsage: boolean;
+  now: Date;
+  /** Inboxes that expired before this instant are purged. */
+  purgeCutoff: Date;
+}
+
+export interface Admission {
+  role: Role;
+  inbox: InboxRecord;
+  /**
+   * 'taken' or 'refused' only when the credential is the inbox's own, the inbox is neither cancelled
+   * nor purged and the role may do the operation; otherwise nothing was touched ('skipped').
+   */
+  bucket: 'taken' | 'refused' | 'skipped';
+  retryAfterSeconds?: number;
+  usage?: Usage;
+}
+
+export interface Gatekeeper {
+  /** Finds the credential's inbox and takes a rate token in one step; undefined for an unknown credential. */
+  admit(request: AdmissionRequest): Promise<Admission | undefined>;
 }
 
 export interface Reservation {
@@ -132,6 +156,8 @@ export interface ListWindow {
   includeMessages: boolean;
   /** Rejections first listed before this instant are no longer held. */
   rejectionsListedAfter: Date;
+  /** The instant the inbox's usage is counted at (see lifecycle.usageInstant). */
+  usageAsOf: Date;
 }
 
 export interface MessageStore {
@@ -150,8 +176,8 @@ export interface MessageStore {
     body: AsyncIterable<Buffer>,
   ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }>;
   find(inboxId: string, messageId: string): Promise<MessageRecord | undefined>;
-  /** Events after a position, oldest first, at most limit + 1 of each kind, from one snapshot. */
-  listEvents(inboxId: string, window: ListWindow): Promise<InboxEvent[]>;
+  /** Events after a position, oldest first, at most limit + 1 of each kind, and the usage, from one snapshot. */
+  listEvents(inboxId: string, window: ListWindow): Promise<{ events: InboxEvent[]; usage: Usage }>;
   /** Sets listed_at and delete_after (only ever earlier) on first listing; returns the new delete_after per id. */
   markListed(inboxId: string, messageIds: string[], now: Date, deleteAfter: Date): Promise<Map<string, Date>>;
   markRejectionsListed(inboxId: string, positions: number[], now: Date): Promise<void>;

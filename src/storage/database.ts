@@ -10,8 +10,6 @@ import pg from 'pg';
 const types = {
   getTypeParser(oid: number, format?: 'text' | 'binary') {
     if (oid === 20 && format !== 'binary') return (value: string) => Number(value);
-    // bytea in binary result format arrives as the raw bytes (message chunks; see message-store.ts)
-    if (oid === 17 && format === 'binary') return (value: Buffer) => value;
     return pg.types.getTypeParser(oid, format);
   },
 };

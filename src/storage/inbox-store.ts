@@ -5,14 +5,11 @@ import type { InboxRecord, Role, Usage } from '../core/model.ts';
 import type { InboxStore, NewInbox, ProvisionClaim, StoredProvision } from '../core/ports.ts';
 import type { Database, Queryable } from './database.ts';
 import { INBOX_COLUMNS, type InboxRow, toInbox } from './rows.ts';
+import { USAGE_WHERE } from './usage.ts';
 
-/** Messages held at $2: not yet deleted then, by a recorded deletion or by delete_after. */
 const USAGE_SQL = `
   SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes
-  FROM messages
-  WHERE inbox_id = $1 AND reserved_at <= $2
-    AND (deleted_at IS NULL OR deleted_at > $2)
-    AND (delete_after IS NULL OR delete_after > $2)`;
+  FROM messages WHERE ${USAGE_WHERE('$1', '$2::timestamptz')}`;
 
 export class PgInboxStore implements InboxStore {
   readonly #db: Database;
@@ -63,6 +60,15 @@ export class PgInboxStore implements InboxStore {
       created: false,
       existing: { requestHash: existing.request_hash, sealedResponse: existing.sealed_response },
     };
+  }
+
+  async findProvision(keyHash: Buffer, forgetBefore: Date): Promise<StoredProvision | undefined> {
+    const [row] = await this.#db.rows<{ request_hash: Buffer; sealed_response: Buffer }>(
+      'provision-find',
+      'SELECT request_hash, sealed_response FROM provision_idempotency WHERE key_hash = $1 AND created_at >= $2',
+      [keyHash, forgetBefore],
+    );
+    return row ? { requestHash: row.request_hash, sealedResponse: row.sealed_response } : undefined;
   }
 
   async findByCredential(credentialHash: Buffer): Promise<{ role: Role; inbox: InboxRecord } | undefined> {

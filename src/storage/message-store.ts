@@ -5,10 +5,11 @@
 import { createHash } from 'node:crypto';
 import type pg from 'pg';
 import { newMessageId } from '../core/ids.ts';
-import type { InboxEvent, MessageRecord, RejectionReason } from '../core/model.ts';
+import type { InboxEvent, MessageRecord, RejectionReason, Usage } from '../core/model.ts';
 import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } from '../core/ports.ts';
 import type { Database } from './database.ts';
 import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
+import { USAGE_WHERE } from './usage.ts';
 
 /** Bytes per stored chunk: bounds memory per delivery and per download (DESIGN decision 7). */
 export const CHUNK_BYTES = 256 * 1024;
@@ -27,10 +28,15 @@ const LIST_EVENTS_SQL = `
           NULL, NULL, r.position, r.listed_at, NULL, NULL, NULL, NULL, r.at, r.reason, r.sender_domain
    FROM rejections r
    WHERE r.inbox_id = $1 AND r.position > $2 AND (r.listed_at IS NULL OR r.listed_at > $6)
-   ORDER BY r.position LIMIT $3)`;
+   ORDER BY r.position LIMIT $3)
+  UNION ALL
+  -- the inbox's usage in the same round trip: message_count as position, quota_used_bytes as size_bytes
+  (SELECT 'usage', $1, NULL, NULL, coalesce(sum(size_bytes), 0)::int8, NULL, NULL, '', NULL, NULL, NULL, NULL,
+          NULL, NULL, count(*)::int8, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+   FROM messages WHERE ${USAGE_WHERE('$1', '$7::timestamptz')})`;
 
 type EventRow = MessageRow & {
-  kind: 'message' | 'rejection';
+  kind: 'message' | 'rejection' | 'usage';
   r_at: Date;
   r_reason: RejectionReason;
   r_sender_domain: string | null;
@@ -133,15 +139,19 @@ export class PgMessageStore implements MessageStore {
     return row ? toMessage(row) : undefined;
   }
 
-  async listEvents(inboxId: string, w: ListWindow): Promise<InboxEvent[]> {
-    const rows = await this.#db.rows<EventRow>('events-list', LIST_EVENTS_SQL, [
+  async listEvents(inboxId: string, w: ListWindow): Promise<{ events: InboxEvent[]; usage: Usage }> {
+    const all = await this.#db.rows<EventRow>('events-list', LIST_EVENTS_SQL, [
       inboxId,
       w.afterPosition,
       w.limit + 1,
       w.now,
       w.includeMessages,
       w.rejectionsListedAfter,
+      w.usageAsOf,
     ]);
+    const usageRow = all.find((row) => row.kind === 'usage');
+    const usage = { messageCount: usageRow?.position ?? 0, quotaUsedBytes: usageRow?.size_bytes ?? 0 };
+    const rows = all.filter((row) => row.kind !== 'usage');
     const events: InboxEvent[] = rows.map((row) =>
       row.kind === 'message'
         ? { kind: 'message', position: row.position as number, message: toMessage(row) }
@@ -159,7 +169,7 @@ export class PgMessageStore implements MessageStore {
             },
           },
     );
-    return events.sort((a, b) => a.position - b.position);
+    return { events: events.sort((a, b) => a.position - b.position), usage };
   }
 
   async markListed(
@@ -202,13 +212,13 @@ export class PgMessageStore implements MessageStore {
     const lastSeq = Math.floor(end / chunkBytes);
     for (let seq = Math.floor(start / chunkBytes); seq <= lastSeq; seq += CHUNKS_PER_READ) {
       const upTo = Math.min(lastSeq, seq + CHUNKS_PER_READ - 1);
-      // Binary result format: bytea arrives as raw bytes, not hex text to decode.
+      // Text result format on purpose: node-postgres decodes every DataRow field as UTF-8 text, so its
+      // per-query binary mode corrupts bytes >= 0x80; bytea's hex text form decodes exactly.
       const result = await this.#db.pool.query<{ data: Buffer }>({
         name: 'chunks-read',
         text: 'SELECT data FROM message_chunks WHERE inbox_id = $1 AND message_id = $2 AND seq BETWEEN $3 AND $4 ORDER BY seq',
         values: [message.inboxId, message.messageId, seq, upTo],
-        binary: true,
-      } as pg.QueryConfig);
+      });
       if (result.rows.length !== upTo - seq + 1)
         throw new Error(`message ${message.messageId} is missing chunks`);
       for (let i = 0; i < result.rows.length; i++) {

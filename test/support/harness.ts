@@ -80,7 +80,7 @@ export class ApiClient {
     }
     this.seen.push(`${method} ${path} ${response.status}`);
     let json: unknown;
-    if (contentType?.startsWith('application/json')) json = JSON.parse(text);
+    if (contentType?.startsWith('application/json') && method !== 'HEAD') json = JSON.parse(text);
     return { status: response.status, headers: response.headers, text, bytes, json };
   }
 

@@ -29,10 +29,10 @@ export function registerInboxRoutes(router: Router, services: HttpServices): voi
     '/v1/inboxes/:id',
     inboxRoute(
       services,
-      { ownerOnly: false, bucket: 'poll' },
+      { ownerOnly: false, bucket: 'poll', withUsage: true },
       (ctx) => queryParameters(ctx, []),
-      async (caller, _input, ctx) => {
-        ctx.body = await inboxes.status(caller.inbox);
+      async (caller, _input, ctx, usage) => {
+        ctx.body = await inboxes.status(caller.inbox, usage);
       },
     ),
   );

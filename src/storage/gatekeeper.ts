@@ -1,0 +1,96 @@
+/**
+ * gatekeeper - one round trip per request for contract section 4's checks 1 and 3 to 6: find the
+ * credential's inbox and, only when the request may proceed, take a token from the inbox's rate
+ * bucket (GCRA: each bucket keeps one "theoretical arrival time", tat; a request is allowed when tat,
+ * after adding one emission interval, is at most `burst` intervals ahead of now). Optionally the
+ * inbox's usage comes back in the same statement.
+ *
+ * The statement takes a token only when the core's own checks will pass (own inbox, not cancelled,
+ * role allowed, not purged); the core re-checks every one of them on the returned row and treats any
+ * disagreement as an internal error, so a wrong credential can never consume a token (DESIGN 11).
+ * Buckets live in an UNLOGGED table: no WAL flush per request; a crash only forgives some requests.
+ */
+import type { Admission, AdmissionRequest, Bucket, Gatekeeper } from '../core/ports.ts';
+import type { Database } from './database.ts';
+import { INBOX_COLUMNS, type InboxRow, toInbox } from './rows.ts';
+import { USAGE_WHERE } from './usage.ts';
+
+export interface BucketSettings {
+  burst: number;
+  perSecond: number;
+}
+
+const ADMIT_SQL = `
+  WITH c AS (
+    SELECT c.role, ${INBOX_COLUMNS}
+    FROM credentials c JOIN inboxes i USING (inbox_id)
+    WHERE c.credential_hash = $1
+  ), eligible AS (
+    SELECT inbox_id FROM c
+    WHERE $2::text IS NOT NULL AND inbox_id = $3 AND cancelled_at IS NULL
+      AND (NOT $4::boolean OR role = 'owner') AND expires_at > $5::timestamptz
+  ), take AS (
+    INSERT INTO rate_buckets AS b (inbox_id, bucket, tat)
+    SELECT inbox_id, $2, $6::timestamptz + make_interval(secs => $7) FROM eligible
+    ON CONFLICT (inbox_id, bucket) DO UPDATE
+      SET tat = greatest(b.tat, $6::timestamptz) + make_interval(secs => $7)
+      WHERE greatest(b.tat, $6::timestamptz) + make_interval(secs => $7) <= $6::timestamptz + make_interval(secs => $8)
+    RETURNING tat
+  )
+  SELECT c.*,
+    (SELECT count(*) FROM take)::int AS taken,
+    (SELECT rb.tat FROM rate_buckets rb WHERE rb.inbox_id = c.inbox_id AND rb.bucket = $2) AS tat,
+    u.message_count, u.quota_used_bytes
+  FROM c LEFT JOIN LATERAL (
+    SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes
+    FROM messages
+    WHERE ${USAGE_WHERE('c.inbox_id', 'least($6::timestamptz, c.expires_at)')}
+  ) u ON $9::boolean`;
+
+type AdmitRow = InboxRow & {
+  role: 'owner' | 'reader';
+  taken: number;
+  tat: Date | null;
+  message_count: number | null;
+  quota_used_bytes: number | null;
+};
+
+export class PgGatekeeper implements Gatekeeper {
+  readonly #db: Database;
+  readonly #buckets: Record<Bucket, BucketSettings>;
+
+  constructor(db: Database, buckets: Record<Bucket, BucketSettings>) {
+    this.#db = db;
+    this.#buckets = buckets;
+  }
+
+  async admit(request: AdmissionRequest): Promise<Admission | undefined> {
+    const bucket = request.take ? request.bucket : null;
+    const settings = this.#buckets[request.bucket ?? 'poll'];
+    const interval = 1 / settings.perSecond;
+    const [row] = await this.#db.rows<AdmitRow>('admit', ADMIT_SQL, [
+      request.credentialHash,
+      bucket,
+      request.inboxId,
+      request.ownerOnly,
+      request.purgeCutoff,
+      request.now,
+      interval,
+      settings.burst * interval,
+      request.withUsage,
+    ]);
+    if (!row) return undefined;
+    const admission: Admission = { role: row.role, inbox: toInbox(row), bucket: 'skipped' };
+    if (row.message_count !== null && row.quota_used_bytes !== null) {
+      admission.usage = { messageCount: row.message_count, quotaUsedBytes: row.quota_used_bytes };
+    }
+    if (bucket && row.taken > 0) admission.bucket = 'taken';
+    else if (bucket && row.inbox_id === request.inboxId && row.tat) {
+      // Allowed again once tat + interval - now <= burst * interval.
+      const waitMs = row.tat.getTime() + (1 - settings.burst) * interval * 1000 - request.now.getTime();
+      admission.bucket = 'refused';
+      admission.retryAfterSeconds = Math.max(1, Math.ceil(waitMs / 1000));
+    }
+    return admission;
+  }
+}
