@@ -54,7 +54,6 @@ export async function up(knex: Knex): Promise<void> {
       UNIQUE (inbox_id, queue_id)
     );
     CREATE UNIQUE INDEX messages_position ON messages (inbox_id, position) WHERE position IS NOT NULL;
-    CREATE INDEX messages_delete_after ON messages (delete_after) WHERE state = 'stored';
     CREATE INDEX messages_in_flight ON messages (reserved_at) WHERE state = 'in_flight';
 
     CREATE TABLE message_chunks (

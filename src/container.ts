@@ -11,7 +11,7 @@ import { DownloadService } from './core/download-service.ts';
 import { InboxService } from './core/inbox-service.ts';
 import { OptOuts } from './core/opt-outs.ts';
 import { PollService } from './core/poll-service.ts';
-import type { Gatekeeper, InboxStore, MessageStore, OptOutStore } from './core/ports.ts';
+import type { Gatekeeper, MessageStore, OptOutStore } from './core/ports.ts';
 import { Secrets } from './core/secrets.ts';
 import type { HttpServices } from './http/services.ts';
 import { createLog, type Log } from './log.ts';

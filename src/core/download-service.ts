@@ -53,6 +53,9 @@ export class DownloadService {
       });
     }
     const { message } = fate;
+    if (await this.#messages.recordIfLost(message, now)) {
+      throw new ServiceError('message_gone', 'This message was deleted (lost).', { reason: 'lost' });
+    }
     const size = message.sizeBytes;
     const wanted = parseRange(range, size);
     if (wanted === 'unsatisfiable') {

@@ -50,7 +50,6 @@ export interface InboxStore {
   ): Promise<{ created: true } | { created: false; existing: StoredProvision }>;
   /** The record stored for a provision key, unless forgotten (created before `forgetBefore`). Reads only. */
   findProvision(keyHash: Buffer, forgetBefore: Date): Promise<StoredProvision | undefined>;
-  findByCredential(credentialHash: Buffer): Promise<{ role: Role; inbox: InboxRecord } | undefined>;
   findById(inboxId: string): Promise<InboxRecord | undefined>;
   /** Messages held at `asOf`: in flight, stored and downloaded ones not yet deleted at that instant. */
   usage(inboxId: string, asOf: Date): Promise<Usage>;
@@ -185,6 +184,11 @@ export interface MessageStore {
   markDownloaded(inboxId: string, messageId: string, now: Date, deleteAfter: Date): Promise<void>;
   /** The bytes [start, end] of a stored message, in order, a chunk at a time. */
   readRange(message: MessageRecord, start: number, end: number): AsyncIterable<Buffer>;
+  /**
+   * Checks that the stored copy holds all `sizeBytes`; when it does not, records the message as deleted
+   * with reason 'lost' (contract section 3) and returns true. Read before anything is sent.
+   */
+  recordIfLost(message: MessageRecord, now: Date): Promise<boolean>;
   recordRejection(
     input: RejectionInput,
     maxHeld: number,

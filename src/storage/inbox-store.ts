@@ -1,7 +1,7 @@
 /**
  * inbox-store - Postgres implementation of the core's InboxStore port.
  */
-import type { InboxRecord, Role, Usage } from '../core/model.ts';
+import type { InboxRecord, Usage } from '../core/model.ts';
 import type { InboxStore, NewInbox, ProvisionClaim, StoredProvision } from '../core/ports.ts';
 import type { Database, Queryable } from './database.ts';
 import { INBOX_COLUMNS, type InboxRow, toInbox } from './rows.ts';
@@ -69,15 +69,6 @@ export class PgInboxStore implements InboxStore {
       [keyHash, forgetBefore],
     );
     return row ? { requestHash: row.request_hash, sealedResponse: row.sealed_response } : undefined;
-  }
-
-  async findByCredential(credentialHash: Buffer): Promise<{ role: Role; inbox: InboxRecord } | undefined> {
-    const [row] = await this.#db.rows<InboxRow & { role: Role }>(
-      'inbox-by-credential',
-      `SELECT c.role, ${INBOX_COLUMNS} FROM credentials c JOIN inboxes i USING (inbox_id) WHERE c.credential_hash = $1`,
-      [credentialHash],
-    );
-    return row ? { role: row.role, inbox: toInbox(row) } : undefined;
   }
 
   async findById(inboxId: string): Promise<InboxRecord | undefined> {

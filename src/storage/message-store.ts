@@ -206,6 +206,20 @@ export class PgMessageStore implements MessageStore {
     );
   }
 
+  async recordIfLost(message: MessageRecord, now: Date): Promise<boolean> {
+    // octet_length of an uncompressed (STORAGE EXTERNAL) value reads only its TOAST pointer, not the data.
+    const lost = await this.#db.rows(
+      'message-record-if-lost',
+      `UPDATE messages m SET state = 'deleted', deleted_at = $4, deleted_reason = 'lost'
+       WHERE m.inbox_id = $1 AND m.message_id = $2 AND m.state = 'stored'
+         AND (SELECT coalesce(sum(octet_length(c.data)), 0) FROM message_chunks c
+              WHERE c.inbox_id = $1 AND c.message_id = $2) <> $3
+       RETURNING 1`,
+      [message.inboxId, message.messageId, message.sizeBytes, now],
+    );
+    return lost.length > 0;
+  }
+
   async *readRange(message: MessageRecord, start: number, end: number): AsyncIterable<Buffer> {
     const chunkBytes = message.chunkBytes ?? CHUNK_BYTES;
     if (end < start) return;

@@ -57,7 +57,10 @@ function ensureWrk(): void {
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'ENOENT') return; // wrk --version exits 1
     process.stdout.write('installing wrk from Debian packages\n');
-    execFileSync('apt-get', ['install', '-y', '-qq', 'wrk'], { stdio: 'inherit', env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' } });
+    execFileSync('apt-get', ['install', '-y', '-qq', 'wrk'], {
+      stdio: 'inherit',
+      env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
+    });
   }
 }
 
@@ -70,7 +73,11 @@ async function resetDatabase(): Promise<void> {
   await migrate(dbUrl);
 }
 
-async function startProcess(args: string[], extraEnv: Record<string, string>, port: number): Promise<ChildProcess> {
+async function startProcess(
+  args: string[],
+  extraEnv: Record<string, string>,
+  port: number,
+): Promise<ChildProcess> {
   const child = spawn(NODE, args, { env: { ...env, ...extraEnv }, stdio: ['ignore', 'ignore', 'inherit'] });
   for (let i = 0; i < 100; i++) {
     try {
@@ -83,7 +90,11 @@ async function startProcess(args: string[], extraEnv: Record<string, string>, po
   throw new Error(`${args.join(' ')} did not start`);
 }
 
-async function pool<T>(items: T[], concurrency: number, fn: (item: T, index: number) => Promise<void>): Promise<void> {
+async function pool<T>(
+  items: T[],
+  concurrency: number,
+  fn: (item: T, index: number) => Promise<void>,
+): Promise<void> {
   let next = 0;
   await Promise.all(
     Array.from({ length: concurrency }, async () => {
@@ -120,14 +131,27 @@ async function load(): Promise<Inbox[]> {
       const body = m === 0 && index < LARGE_INBOXES ? large : small;
       const queueId = `BENCH${++queue}`;
       const now = new Date();
-      await messages.reserve({ inboxId: inbox.id, messageId: newMessageId(), queueId, sizeBytes: body.length, envelopeFrom: 'bench@example.com', now });
+      await messages.reserve({
+        inboxId: inbox.id,
+        messageId: newMessageId(),
+        queueId,
+        sizeBytes: body.length,
+        envelopeFrom: 'bench@example.com',
+        now,
+      });
       const stored = await messages.store(
         {
           inboxId: inbox.id,
           queueId,
           envelopeFrom: 'bench@example.com',
           now,
-          summary: { fromName: 'Bench', fromAddress: 'bench@example.com', subject: `message ${m}`, internetMessageId: `<${queueId}@example.com>`, authentication: null },
+          summary: {
+            fromName: 'Bench',
+            fromAddress: 'bench@example.com',
+            subject: `message ${m}`,
+            internetMessageId: `<${queueId}@example.com>`,
+            authentication: null,
+          },
         },
         (async function* () {
           for (let i = 0; i < body.length; i += 64 * 1024) yield body.subarray(i, i + 64 * 1024);
@@ -137,7 +161,9 @@ async function load(): Promise<Inbox[]> {
     }
   });
   await container.resolve<Database>(TOKENS.Database).close();
-  process.stdout.write(`loaded ${INBOXES} inboxes x ${MESSAGES_PER_INBOX} messages in ${((Date.now() - started) / 1000).toFixed(1)} s\n`);
+  process.stdout.write(
+    `loaded ${INBOXES} inboxes x ${MESSAGES_PER_INBOX} messages in ${((Date.now() - started) / 1000).toFixed(1)} s\n`,
+  );
   return inboxes;
 }
 
@@ -150,11 +176,23 @@ interface Result {
 }
 
 function wrk(port: number, lines: string[], seconds = SECONDS): Result {
-  const file = join(tmpdir(), `bench-targets-${port}.txt`);
+  const file = join(tmpdir(), `bench-targets-${port}-${lines.length}.txt`);
   writeFileSync(file, `${lines.join('\n')}\n`);
   const out = execFileSync(
     'wrk',
-    ['-t', '2', '-c', String(CONNECTIONS), '-d', `${seconds}s`, '-s', join(HERE, 'wrk-targets.lua'), `http://127.0.0.1:${port}`, '--', file],
+    [
+      '-t',
+      '2',
+      '-c',
+      String(CONNECTIONS),
+      '-d',
+      `${seconds}s`,
+      '-s',
+      join(HERE, 'wrk-targets.lua'),
+      `http://127.0.0.1:${port}`,
+      '--',
+      file,
+    ],
     { encoding: 'utf8' },
   );
   const line = out.split('\n').find((l) => l.startsWith('RESULT '));
@@ -179,7 +217,9 @@ async function main(): Promise<void> {
     const inboxes = await load();
     const poll = inboxes.map((i) => `/v1/inboxes/${i.id}/messages?limit=50 ${i.token}`);
     const status = inboxes.map((i) => `/v1/inboxes/${i.id} ${i.token}`);
-    const download = inboxes.filter((i) => i.large).map((i) => `/v1/inboxes/${i.id}/messages/${i.large} ${i.token}`);
+    const download = inboxes
+      .filter((i) => i.large)
+      .map((i) => `/v1/inboxes/${i.id}/messages/${i.large} ${i.token}`);
     wrk(API_PORT, poll, 3); // warm-up: the first listing of each message writes listed_at
     const results = {
       poll: wrk(API_PORT, poll),
@@ -187,20 +227,57 @@ async function main(): Promise<void> {
       download: wrk(API_PORT, download),
     };
     api.kill('SIGTERM');
-    const yardstick = await startProcess([join(HERE, 'yardstick-server.ts')], { PORT: String(YARDSTICK_PORT) }, YARDSTICK_PORT);
+    const yardstick = await startProcess(
+      [join(HERE, 'yardstick-server.ts')],
+      { PORT: String(YARDSTICK_PORT) },
+      YARDSTICK_PORT,
+    );
     children.push(yardstick);
     wrk(YARDSTICK_PORT, ['/ none'], 2);
     const base = wrk(YARDSTICK_PORT, ['/ none']);
     const fmt = (n: number, d = 0) => n.toFixed(d);
     const rows = [
-      ['yardstick (Koa + SELECT 1)', fmt(base.rps), '1.00', fmt(base.p99ms, 1), '', '', String(base.failures)],
-      ['poll (limit 50, 20 messages)', fmt(results.poll.rps), fmt(results.poll.rps / base.rps, 2), fmt(results.poll.p99ms, 1), '>= 0.20, p99 < 25 ms', pass(results.poll.rps / base.rps >= 0.2 && results.poll.p99ms < 25), String(results.poll.failures)],
-      ['status', fmt(results.status.rps), fmt(results.status.rps / base.rps, 2), fmt(results.status.p99ms, 1), '>= 0.33, p99 < 25 ms', pass(results.status.rps / base.rps >= 0.33 && results.status.p99ms < 25), String(results.status.failures)],
-      ['download 1 MiB', fmt(results.download.rps), fmt(results.download.rps / base.rps, 2), fmt(results.download.p99ms, 1), `${fmt(results.download.mbps)} MB/s >= 200 MB/s`, pass(results.download.mbps >= 200), String(results.download.failures)],
+      [
+        'yardstick (Koa + SELECT 1)',
+        fmt(base.rps),
+        '1.00',
+        fmt(base.p99ms, 1),
+        '',
+        '',
+        String(base.failures),
+      ],
+      [
+        'poll (limit 50, 20 messages)',
+        fmt(results.poll.rps),
+        fmt(results.poll.rps / base.rps, 2),
+        fmt(results.poll.p99ms, 1),
+        '>= 0.20, p99 < 25 ms',
+        pass(results.poll.rps / base.rps >= 0.2 && results.poll.p99ms < 25),
+        String(results.poll.failures),
+      ],
+      [
+        'status',
+        fmt(results.status.rps),
+        fmt(results.status.rps / base.rps, 2),
+        fmt(results.status.p99ms, 1),
+        '>= 0.33, p99 < 25 ms',
+        pass(results.status.rps / base.rps >= 0.33 && results.status.p99ms < 25),
+        String(results.status.failures),
+      ],
+      [
+        'download 1 MiB',
+        fmt(results.download.rps),
+        fmt(results.download.rps / base.rps, 2),
+        fmt(results.download.p99ms, 1),
+        `${fmt(results.download.mbps)} MB/s >= 200 MB/s`,
+        pass(results.download.mbps >= 200),
+        String(results.download.failures),
+      ],
     ];
     const header = ['endpoint', 'req/s', 'ratio', 'p99 ms', 'target', 'met', 'failed requests'];
     process.stdout.write(`\n${CONNECTIONS} connections, ${SECONDS} s each, wrk -t 2\n`);
-    for (const row of [header, ...rows]) process.stdout.write(`${row.map((c, i) => c.padEnd(i === 0 ? 30 : 12)).join(' ')}\n`);
+    for (const row of [header, ...rows])
+      process.stdout.write(`${row.map((c, i) => c.padEnd(i === 0 ? 30 : 12)).join(' ')}\n`);
   } finally {
     for (const child of children) child.kill('SIGTERM');
   }

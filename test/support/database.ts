@@ -7,7 +7,15 @@ import pg from 'pg';
 import { migrate } from '../../src/storage/migrate.ts';
 
 export const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
-export const TEMPLATE = 'inbox_test_template';
+/** Set by global-setup for the whole run, so concurrent runs never share (or drop) one template. */
+const template = (): string => {
+  const name = process.env.INBOX_TEST_TEMPLATE;
+  if (!name)
+    throw new Error(
+      'INBOX_TEST_TEMPLATE is unset: run the tests with --test-global-setup=test/support/global-setup.ts',
+    );
+  return name;
+};
 
 export function databaseUrl(name: string): string {
   const url = new URL(ADMIN_URL);
@@ -25,13 +33,17 @@ async function admin<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
   }
 }
 
-/** Drops and recreates the template, then migrates it. Run once before the test files. */
-export async function prepareTemplate(): Promise<void> {
+/** Creates and migrates this run's template. Run once before the test files. */
+export async function prepareTemplate(name: string): Promise<void> {
   await admin(async (client) => {
-    await client.query(`DROP DATABASE IF EXISTS ${TEMPLATE} WITH (FORCE)`);
-    await client.query(`CREATE DATABASE ${TEMPLATE}`);
+    await client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+    await client.query(`CREATE DATABASE ${name}`);
   });
-  await migrate(databaseUrl(TEMPLATE));
+  await migrate(databaseUrl(name));
+}
+
+export async function dropDatabase(name: string): Promise<void> {
+  await admin((client) => client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`));
 }
 
 export interface TestDatabase {
@@ -43,7 +55,7 @@ export interface TestDatabase {
 /** A new database cloned from the migrated template. */
 export async function freshDatabase(): Promise<TestDatabase> {
   const name = `inbox_test_${randomBytes(6).toString('hex')}`;
-  await admin((client) => client.query(`CREATE DATABASE ${name} TEMPLATE ${TEMPLATE}`));
+  await admin((client) => client.query(`CREATE DATABASE ${name} TEMPLATE ${template()}`));
   return {
     name,
     url: databaseUrl(name),

@@ -1,9 +1,18 @@
 /**
- * global-setup - `node --test --test-global-setup=test/support/global-setup.ts`: migrates the
- * template database once before any test file runs.
+ * global-setup - `node --test --test-global-setup=test/support/global-setup.ts`: migrates one template
+ * database for this run before any test file starts (each file clones it), and drops it at the end.
+ * The name is unique per run, so runs side by side never disturb each other.
  */
-import { prepareTemplate } from './database.ts';
+import { randomBytes } from 'node:crypto';
+import { dropDatabase, prepareTemplate } from './database.ts';
+
+const name = `inbox_test_template_${randomBytes(4).toString('hex')}`;
 
 export async function globalSetup(): Promise<void> {
-  await prepareTemplate();
+  process.env.INBOX_TEST_TEMPLATE = name;
+  await prepareTemplate(name);
+}
+
+export async function globalTeardown(): Promise<void> {
+  await dropDatabase(name);
 }
