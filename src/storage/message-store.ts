@@ -4,9 +4,11 @@
  */
 import { createHash } from 'node:crypto';
 import type pg from 'pg';
+import { to as copyTo } from 'pg-copy-streams';
 import { newMessageId } from '../core/ids.ts';
 import type { InboxEvent, MessageRecord, RejectionReason, Usage } from '../core/model.ts';
 import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } from '../core/ports.ts';
+import { parseBinaryCopy } from './copy-binary.ts';
 import type { Database } from './database.ts';
 import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
 import { USAGE_WHERE } from './usage.ts';
@@ -15,6 +17,7 @@ import { USAGE_WHERE } from './usage.ts';
 export const CHUNK_BYTES = 256 * 1024;
 /** Chunks fetched per query while streaming a download (about 1 MiB). */
 const CHUNKS_PER_READ = 4;
+const SAFE_ID = /^[0-9a-z_]{1,40}$/;
 
 const LIST_EVENTS_SQL = `
   (SELECT 'message' AS kind, ${MESSAGE_COLUMNS}, NULL::timestamptz AS r_at, NULL::text AS r_reason,
@@ -226,20 +229,35 @@ export class PgMessageStore implements MessageStore {
     const lastSeq = Math.floor(end / chunkBytes);
     for (let seq = Math.floor(start / chunkBytes); seq <= lastSeq; seq += CHUNKS_PER_READ) {
       const upTo = Math.min(lastSeq, seq + CHUNKS_PER_READ - 1);
-      // Text result format on purpose: node-postgres decodes every DataRow field as UTF-8 text, so its
-      // per-query binary mode corrupts bytes >= 0x80; bytea's hex text form decodes exactly.
-      const result = await this.#db.pool.query<{ data: Buffer }>({
-        name: 'chunks-read',
-        text: 'SELECT data FROM message_chunks WHERE inbox_id = $1 AND message_id = $2 AND seq BETWEEN $3 AND $4 ORDER BY seq',
-        values: [message.inboxId, message.messageId, seq, upTo],
-      });
-      if (result.rows.length !== upTo - seq + 1)
-        throw new Error(`message ${message.messageId} is missing chunks`);
-      for (let i = 0; i < result.rows.length; i++) {
-        const data = (result.rows[i] as { data: Buffer }).data;
+      const chunks = await this.#readChunks(message, seq, upTo);
+      if (chunks.length !== upTo - seq + 1) throw new Error(`message ${message.messageId} is missing chunks`);
+      for (let i = 0; i < chunks.length; i++) {
+        const data = chunks[i] as Buffer;
         const offset = (seq + i) * chunkBytes;
         yield data.subarray(Math.max(0, start - offset), Math.min(data.length, end - offset + 1));
       }
+    }
+  }
+
+  /**
+   * Chunks first..last of a message, read with binary COPY (see copy-binary.ts) into one buffer; the
+   * connection goes back to the pool before the caller writes a byte, so a slow client holds memory
+   * (about CHUNKS_PER_READ chunks), never a database connection.
+   */
+  async #readChunks(message: MessageRecord, first: number, last: number): Promise<Buffer[]> {
+    // COPY takes no parameters: every interpolated value is checked to be an id or an integer first.
+    if (!SAFE_ID.test(message.inboxId) || !SAFE_ID.test(message.messageId))
+      throw new Error('unexpected id format');
+    const sql = `COPY (SELECT data FROM message_chunks WHERE inbox_id = '${message.inboxId}'
+      AND message_id = '${message.messageId}' AND seq BETWEEN ${Math.trunc(first)} AND ${Math.trunc(last)}
+      ORDER BY seq) TO STDOUT (FORMAT binary)`;
+    const client = await this.#db.pool.connect();
+    try {
+      const pieces: Buffer[] = [];
+      for await (const piece of client.query(copyTo(sql))) pieces.push(piece as Buffer);
+      return parseBinaryCopy(Buffer.concat(pieces));
+    } finally {
+      client.release();
     }
   }
 
