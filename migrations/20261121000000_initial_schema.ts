@@ -107,12 +107,14 @@ export async function up(knex: Knex): Promise<void> {
 
     -- GCRA rate buckets (DESIGN decision 11). UNLOGGED: a bucket is worth no WAL flush per request,
     -- and losing them in a crash only forgives some requests.
+    -- Every request rewrites its bucket's row: half-empty pages keep those updates HOT (no index
+    -- change, pruned in place).
     CREATE UNLOGGED TABLE rate_buckets (
       inbox_id text NOT NULL,
       bucket text NOT NULL CHECK (bucket IN ('poll', 'download')),
       tat timestamptz NOT NULL,
       PRIMARY KEY (inbox_id, bucket)
-    );
+    ) WITH (fillfactor = 50);
   `);
 }
 

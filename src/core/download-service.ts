@@ -30,9 +30,16 @@ export class DownloadService {
   readonly #messages: MessageStore;
   readonly #clock: Clock;
   readonly #settings: DownloadSettings;
+  readonly #log: (line: Record<string, unknown>) => void;
 
-  constructor(messages: MessageStore, clock: Clock, settings: DownloadSettings) {
+  constructor(
+    messages: MessageStore,
+    clock: Clock,
+    settings: DownloadSettings,
+    log: (line: Record<string, unknown>) => void,
+  ) {
     this.#messages = messages;
+    this.#log = log;
     this.#clock = clock;
     this.#settings = settings;
   }
@@ -53,7 +60,17 @@ export class DownloadService {
       });
     }
     const { message } = fate;
-    if (await this.#messages.recordIfLost(message, now)) {
+    if (message.storedBytes !== undefined && message.storedBytes !== message.sizeBytes) {
+      // Should not happen (contract section 3): say so loudly, then answer as the contract says.
+      this.#log({
+        level: 'error',
+        msg: 'stored copy missing; message deleted as lost',
+        inbox_id: message.inboxId,
+        message_id: message.messageId,
+        size_bytes: message.sizeBytes,
+        stored_bytes: message.storedBytes,
+      });
+      await this.#messages.recordLost(message, now);
       throw new ServiceError('message_gone', 'This message was deleted (lost).', { reason: 'lost' });
     }
     const size = message.sizeBytes;

@@ -60,6 +60,8 @@ export interface MessageRecord {
   deleteAfter: Date | null;
   deletedAt: Date | null;
   deletedReason: RecordedDeletionReason | null;
+  /** Bytes the stored chunks hold; read by MessageStore.find only (a download checks it before sending). */
+  storedBytes?: number;
 }
 
 export type RejectionReason = 'quota' | 'sender_not_allowed' | 'sender_opted_out';

@@ -174,6 +174,7 @@ export interface MessageStore {
     delivery: Delivery,
     body: AsyncIterable<Buffer>,
   ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }>;
+  /** The message, with `storedBytes` (the bytes its chunks hold) filled in. */
   find(inboxId: string, messageId: string): Promise<MessageRecord | undefined>;
   /** Events after a position, oldest first, at most limit + 1 of each kind, and the usage, from one snapshot. */
   listEvents(inboxId: string, window: ListWindow): Promise<{ events: InboxEvent[]; usage: Usage }>;
@@ -184,11 +185,8 @@ export interface MessageStore {
   markDownloaded(inboxId: string, messageId: string, now: Date, deleteAfter: Date): Promise<void>;
   /** The bytes [start, end] of a stored message, in order, a chunk at a time. */
   readRange(message: MessageRecord, start: number, end: number): AsyncIterable<Buffer>;
-  /**
-   * Checks that the stored copy holds all `sizeBytes`; when it does not, records the message as deleted
-   * with reason 'lost' (contract section 3) and returns true. Read before anything is sent.
-   */
-  recordIfLost(message: MessageRecord, now: Date): Promise<boolean>;
+  /** Records a stored message whose stored copy is incomplete as deleted with reason 'lost' (contract 3). */
+  recordLost(message: MessageRecord, now: Date): Promise<void>;
   recordRejection(
     input: RejectionInput,
     maxHeld: number,

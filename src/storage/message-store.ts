@@ -19,31 +19,49 @@ export const CHUNK_BYTES = 256 * 1024;
 const CHUNKS_PER_READ = 4;
 const SAFE_ID = /^[0-9a-z_]{1,40}$/;
 
+/**
+ * The listing, one snapshot: messages and rejections after a position (each at most $3), and the
+ * inbox's usage as one more row. Only the columns a poll presents are read.
+ */
 const LIST_EVENTS_SQL = `
-  (SELECT 'message' AS kind, ${MESSAGE_COLUMNS}, NULL::timestamptz AS r_at, NULL::text AS r_reason,
-          NULL::text AS r_sender_domain
+  (SELECT 'message' AS kind, m.position, m.size_bytes, m.envelope_from, m.listed_at, m.message_id, m.from_name,
+          m.from_address, m.subject, m.internet_message_id, m.authentication, m.received_at, m.downloaded_at,
+          m.delete_after, NULL::timestamptz AS at, NULL::text AS reason, NULL::text AS sender_domain
    FROM messages m
    WHERE m.inbox_id = $1 AND m.position > $2 AND m.state = 'stored' AND $5::boolean
      AND (m.delete_after IS NULL OR m.delete_after > $4)
    ORDER BY m.position LIMIT $3)
   UNION ALL
-  (SELECT 'rejection', r.inbox_id, NULL, NULL, r.size_bytes, NULL, NULL, r.envelope_from, NULL, NULL, NULL, NULL,
-          NULL, NULL, r.position, r.listed_at, NULL, NULL, NULL, NULL, r.at, r.reason, r.sender_domain
+  (SELECT 'rejection', r.position, r.size_bytes, r.envelope_from, r.listed_at, NULL, NULL, NULL, NULL, NULL, NULL,
+          NULL, NULL, NULL, r.at, r.reason, r.sender_domain
    FROM rejections r
    WHERE r.inbox_id = $1 AND r.position > $2 AND (r.listed_at IS NULL OR r.listed_at > $6)
    ORDER BY r.position LIMIT $3)
   UNION ALL
-  -- the inbox's usage in the same round trip: message_count as position, quota_used_bytes as size_bytes
-  (SELECT 'usage', $1, NULL, NULL, coalesce(sum(size_bytes), 0)::int8, NULL, NULL, '', NULL, NULL, NULL, NULL,
-          NULL, NULL, count(*)::int8, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+  -- usage: message_count as position, quota_used_bytes as size_bytes
+  (SELECT 'usage', count(*)::int8, coalesce(sum(size_bytes), 0)::int8, '', NULL, NULL, NULL, NULL, NULL, NULL,
+          NULL, NULL, NULL, NULL, NULL, NULL, NULL
    FROM messages WHERE ${USAGE_WHERE('$1', '$7::timestamptz')})`;
 
-type EventRow = MessageRow & {
+interface EventRow {
   kind: 'message' | 'rejection' | 'usage';
-  r_at: Date;
-  r_reason: RejectionReason;
-  r_sender_domain: string | null;
-};
+  position: number;
+  size_bytes: number;
+  envelope_from: string;
+  listed_at: Date | null;
+  message_id: string;
+  from_name: string | null;
+  from_address: string | null;
+  subject: string | null;
+  internet_message_id: string | null;
+  authentication: MessageRecord['authentication'];
+  received_at: Date | null;
+  downloaded_at: Date | null;
+  delete_after: Date | null;
+  at: Date;
+  reason: RejectionReason;
+  sender_domain: string | null;
+}
 
 export class PgMessageStore implements MessageStore {
   readonly #db: Database;
@@ -134,12 +152,16 @@ export class PgMessageStore implements MessageStore {
   }
 
   async find(inboxId: string, messageId: string): Promise<MessageRecord | undefined> {
-    const [row] = await this.#db.rows<MessageRow>(
+    // octet_length of an uncompressed (STORAGE EXTERNAL) value reads only its TOAST pointer, not the data.
+    const [row] = await this.#db.rows<MessageRow & { stored_bytes: number }>(
       'message-find',
-      `SELECT ${MESSAGE_COLUMNS} FROM messages m WHERE m.inbox_id = $1 AND m.message_id = $2`,
+      `SELECT ${MESSAGE_COLUMNS},
+         (SELECT coalesce(sum(octet_length(c.data)), 0)::int8 FROM message_chunks c
+          WHERE c.inbox_id = m.inbox_id AND c.message_id = m.message_id) AS stored_bytes
+       FROM messages m WHERE m.inbox_id = $1 AND m.message_id = $2`,
       [inboxId, messageId],
     );
-    return row ? toMessage(row) : undefined;
+    return row ? { ...toMessage(row), storedBytes: row.stored_bytes } : undefined;
   }
 
   async listEvents(inboxId: string, w: ListWindow): Promise<{ events: InboxEvent[]; usage: Usage }> {
@@ -157,17 +179,17 @@ export class PgMessageStore implements MessageStore {
     const rows = all.filter((row) => row.kind !== 'usage');
     const events: InboxEvent[] = rows.map((row) =>
       row.kind === 'message'
-        ? { kind: 'message', position: row.position as number, message: toMessage(row) }
+        ? { kind: 'message', position: row.position, message: listedMessage(inboxId, row) }
         : {
             kind: 'rejection',
-            position: row.position as number,
+            position: row.position,
             listedAt: row.listed_at,
             rejection: {
-              position: row.position as number,
-              at: row.r_at,
+              position: row.position,
+              at: row.at,
               envelopeFrom: row.envelope_from,
-              reason: row.r_reason,
-              senderDomain: row.r_sender_domain,
+              reason: row.reason,
+              senderDomain: row.sender_domain,
               sizeBytes: row.size_bytes,
             },
           },
@@ -204,23 +226,20 @@ export class PgMessageStore implements MessageStore {
       'message-mark-downloaded',
       `UPDATE messages SET downloaded_at = coalesce(downloaded_at, $3),
          delete_after = least(coalesce(delete_after, 'infinity'), $4)
-       WHERE inbox_id = $1 AND message_id = $2`,
+       WHERE inbox_id = $1 AND message_id = $2
+         AND (downloaded_at IS NULL OR delete_after IS NULL OR delete_after > $4)`,
       [inboxId, messageId, now, deleteAfter],
     );
   }
 
-  async recordIfLost(message: MessageRecord, now: Date): Promise<boolean> {
-    // octet_length of an uncompressed (STORAGE EXTERNAL) value reads only its TOAST pointer, not the data.
-    const lost = await this.#db.rows(
-      'message-record-if-lost',
-      `UPDATE messages m SET state = 'deleted', deleted_at = $4, deleted_reason = 'lost'
-       WHERE m.inbox_id = $1 AND m.message_id = $2 AND m.state = 'stored'
-         AND (SELECT coalesce(sum(octet_length(c.data)), 0) FROM message_chunks c
-              WHERE c.inbox_id = $1 AND c.message_id = $2) <> $3
-       RETURNING 1`,
-      [message.inboxId, message.messageId, message.sizeBytes, now],
+  async recordLost(message: MessageRecord, now: Date): Promise<void> {
+    await this.#db.rows(
+      'message-record-lost',
+      `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $3),
+         deleted_reason = coalesce(deleted_reason, 'lost')
+       WHERE inbox_id = $1 AND message_id = $2`,
+      [message.inboxId, message.messageId, now],
     );
-    return lost.length > 0;
   }
 
   async *readRange(message: MessageRecord, start: number, end: number): AsyncIterable<Buffer> {
@@ -302,6 +321,31 @@ export class PgMessageStore implements MessageStore {
       return 'recorded';
     });
   }
+}
+
+/** A listed message: stored, with the fields a poll presents (not its content's size or hash). */
+function listedMessage(inboxId: string, row: EventRow): MessageRecord {
+  return {
+    inboxId,
+    messageId: row.message_id,
+    state: 'stored',
+    sizeBytes: row.size_bytes,
+    chunkBytes: null,
+    sha256: null,
+    envelopeFrom: row.envelope_from,
+    fromName: row.from_name,
+    fromAddress: row.from_address,
+    subject: row.subject,
+    internetMessageId: row.internet_message_id,
+    authentication: row.authentication,
+    receivedAt: row.received_at,
+    position: row.position,
+    listedAt: row.listed_at,
+    downloadedAt: row.downloaded_at,
+    deleteAfter: row.delete_after,
+    deletedAt: null,
+    deletedReason: null,
+  };
 }
 
 /** Re-cuts the incoming stream into CHUNK_BYTES pieces and inserts each as it fills. */
