@@ -15,7 +15,9 @@ export async function up(knex: Knex): Promise<void> {
       cancelled_at timestamptz,
       rejection_count bigint NOT NULL DEFAULT 0,
       -- last position handed out in this inbox's event sequence (DESIGN decision 8)
-      event_seq bigint NOT NULL DEFAULT 0
+      event_seq bigint NOT NULL DEFAULT 0,
+      -- bumped by every write that changes what a poll lists (core/poll-cache.ts)
+      version bigint NOT NULL DEFAULT 0
     );
     CREATE INDEX inboxes_expires_at ON inboxes (expires_at);
 

@@ -16,6 +16,8 @@ export interface InboxRecord {
   rejectionCount: number;
   /** Last position handed out in this inbox's event sequence (DESIGN decision 8). */
   eventSeq: number;
+  /** Changes whenever what a poll lists changes, by data (time rules aside); see core/poll-cache.ts. */
+  version: number;
 }
 
 export interface Caller {

@@ -9,8 +9,9 @@ import { addSeconds, type Clock } from './clock.ts';
 import { encodeCursor } from './cursor.ts';
 import { invalidRequest } from './errors.ts';
 import { type InboxStatus, presentInboxStatus } from './inbox-status.ts';
-import { isExpired, usageInstant } from './lifecycle.ts';
-import type { Caller, MessageRecord, RejectionRecord } from './model.ts';
+import { isExpired } from './lifecycle.ts';
+import type { Caller, MessageRecord, RejectionRecord, Usage } from './model.ts';
+import { type CachedPage, PollCache } from './poll-cache.ts';
 import type { MessageStore } from './ports.ts';
 
 export interface PollSettings {
@@ -56,43 +57,70 @@ export class PollService {
   readonly #messages: MessageStore;
   readonly #clock: Clock;
   readonly #settings: PollSettings;
+  readonly #cache: PollCache;
 
-  constructor(messages: MessageStore, clock: Clock, settings: PollSettings) {
+  constructor(messages: MessageStore, clock: Clock, settings: PollSettings, cache = new PollCache()) {
     this.#messages = messages;
+    this.#cache = cache;
     this.#clock = clock;
     this.#settings = settings;
   }
 
-  /** `afterPosition` is a decoded cursor (0 without one); a position past the sequence was never issued. */
-  async poll(caller: Caller, afterPosition: number, limit: number): Promise<PollResponse> {
+  /**
+   * `afterPosition` is a decoded cursor (0 without one); a position past the sequence was never issued.
+   * `usage` comes with the credential lookup (Operation.withUsage).
+   */
+  async poll(caller: Caller, afterPosition: number, limit: number, usage: Usage): Promise<PollResponse> {
     const { inbox } = caller;
     if (afterPosition > inbox.eventSeq)
       throw invalidRequest('cursor', 'This cursor was not issued by the service.');
     const now = this.#clock.now();
-    const { events, usage } = await this.#messages.listEvents(inbox.inboxId, {
+    const key = PollCache.key(inbox.inboxId, afterPosition, limit);
+    const page =
+      this.#cache.get(key, inbox.version, now) ??
+      (await this.#readPage(caller, afterPosition, limit, now, key));
+    const inboxUrl = `${this.#settings.publicBaseUrl}/v1/inboxes/${inbox.inboxId}`;
+    const nextCursor = encodeCursor(page.nextPosition);
+    return {
+      inbox: presentInboxStatus(inbox, usage, now, this.#settings.mailDomain),
+      server_time: now.toISOString(),
+      messages: page.messages,
+      rejections: page.rejections,
+      next_cursor: nextCursor,
+      next_url: `${inboxUrl}/messages?cursor=${nextCursor}&limit=${limit}`,
+      has_more: page.hasMore,
+    };
+  }
+
+  async #readPage(
+    caller: Caller,
+    afterPosition: number,
+    limit: number,
+    now: Date,
+    key: string,
+  ): Promise<CachedPage> {
+    const { inbox } = caller;
+    const retentionMs = this.#settings.rejectionRetentionSeconds * 1000;
+    const events = await this.#messages.listEvents(inbox.inboxId, {
       afterPosition,
       limit,
       now,
       includeMessages: !isExpired(inbox, now),
-      rejectionsListedAfter: addSeconds(now, -this.#settings.rejectionRetentionSeconds),
-      usageAsOf: usageInstant(inbox, now),
+      rejectionsListedAfter: new Date(now.getTime() - retentionMs),
     });
-    const page = events.slice(0, limit);
+    const slice = events.slice(0, limit);
     const hasMore = events.length > limit;
-    const last = page[page.length - 1];
+    const last = slice[slice.length - 1];
     const nextPosition = hasMore && last ? last.position : Math.max(inbox.eventSeq, last?.position ?? 0);
 
     const messages: MessageRecord[] = [];
-    const rejections: RejectionRecord[] = [];
-    const unlistedRejections: number[] = [];
-    for (const event of page) {
+    const rejections: { rejection: RejectionRecord; listedAt: Date | null }[] = [];
+    for (const event of slice) {
       if (event.kind === 'message') messages.push(event.message);
-      else {
-        rejections.push(event.rejection);
-        if (event.listedAt === null) unlistedRejections.push(event.position);
-      }
+      else rejections.push({ rejection: event.rejection, listedAt: event.listedAt });
     }
     const unlisted = messages.filter((m) => m.listedAt === null).map((m) => m.messageId);
+    const unlistedRejections = rejections.filter((r) => r.listedAt === null).map((r) => r.rejection.position);
     const listed =
       unlisted.length > 0
         ? await this.#messages.markListed(
@@ -105,19 +133,25 @@ export class PollService {
     if (unlistedRejections.length > 0)
       await this.#messages.markRejectionsListed(inbox.inboxId, unlistedRejections, now);
 
+    // A message listed concurrently by another poll got the same timer, give or take that poll's clock.
+    const deleteAfter = (m: MessageRecord) =>
+      listed.get(m.messageId) ?? m.deleteAfter ?? addSeconds(now, this.#settings.unclaimedSeconds);
     const inboxUrl = `${this.#settings.publicBaseUrl}/v1/inboxes/${inbox.inboxId}`;
-    const nextCursor = encodeCursor(nextPosition);
-    return {
-      inbox: presentInboxStatus(inbox, usage, now, this.#settings.mailDomain),
-      server_time: now.toISOString(),
-      messages: messages.map((m) =>
-        presentMessage(m, inboxUrl, listed.get(m.messageId) ?? m.deleteAfter ?? now),
-      ),
-      rejections: rejections.map(presentRejection),
-      next_cursor: nextCursor,
-      next_url: `${inboxUrl}/messages?cursor=${nextCursor}&limit=${limit}`,
-      has_more: hasMore,
+    // Expiry empties the message list; once expired, only the rejections' retention moves anything.
+    let validUntil = isExpired(inbox, now) ? Number.MAX_SAFE_INTEGER : inbox.expiresAt.getTime();
+    for (const m of messages) validUntil = Math.min(validUntil, deleteAfter(m).getTime());
+    for (const r of rejections)
+      validUntil = Math.min(validUntil, (r.listedAt ?? now).getTime() + retentionMs);
+    const page: CachedPage = {
+      version: inbox.version,
+      validUntil,
+      messages: messages.map((m) => presentMessage(m, inboxUrl, deleteAfter(m))),
+      rejections: rejections.map((r) => presentRejection(r.rejection)),
+      nextPosition,
+      hasMore,
     };
+    if (unlisted.length === 0 && unlistedRejections.length === 0) this.#cache.set(key, page);
+    return page;
   }
 }
 

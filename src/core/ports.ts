@@ -155,10 +155,12 @@ export interface ListWindow {
   includeMessages: boolean;
   /** Rejections first listed before this instant are no longer held. */
   rejectionsListedAfter: Date;
-  /** The instant the inbox's usage is counted at (see lifecycle.usageInstant). */
-  usageAsOf: Date;
 }
 
+/**
+ * Every method that changes what a poll lists (store, markListed, markRejectionsListed, markDownloaded,
+ * recordLost, an event from recordRejection) also bumps the inbox's `version` in the same transaction.
+ */
 export interface MessageStore {
   /**
    * Reserves `sizeBytes` of quota for a delivery in flight if it fits in the free quota, atomically
@@ -176,8 +178,8 @@ export interface MessageStore {
   ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }>;
   /** The message, with `storedBytes` (the bytes its chunks hold) filled in. */
   find(inboxId: string, messageId: string): Promise<MessageRecord | undefined>;
-  /** Events after a position, oldest first, at most limit + 1 of each kind, and the usage, from one snapshot. */
-  listEvents(inboxId: string, window: ListWindow): Promise<{ events: InboxEvent[]; usage: Usage }>;
+  /** Events after a position, oldest first, at most limit + 1 of each kind, from one snapshot. */
+  listEvents(inboxId: string, window: ListWindow): Promise<InboxEvent[]>;
   /** Sets listed_at and delete_after (only ever earlier) on first listing; returns the new delete_after per id. */
   markListed(inboxId: string, messageIds: string[], now: Date, deleteAfter: Date): Promise<Map<string, Date>>;
   markRejectionsListed(inboxId: string, positions: number[], now: Date): Promise<void>;

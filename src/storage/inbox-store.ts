@@ -138,7 +138,8 @@ export class PgInboxStore implements InboxStore {
   async cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined> {
     return this.#db.transaction(async (client) => {
       const updated = await client.query<InboxRow>(
-        `UPDATE inboxes i SET cancelled_at = coalesce(cancelled_at, $2) WHERE inbox_id = $1 RETURNING ${INBOX_COLUMNS}`,
+        `UPDATE inboxes i SET cancelled_at = coalesce(cancelled_at, $2), version = version + 1
+         WHERE inbox_id = $1 RETURNING ${INBOX_COLUMNS}`,
         [inboxId, now],
       );
       const row = updated.rows[0];

@@ -6,12 +6,11 @@ import { createHash } from 'node:crypto';
 import type pg from 'pg';
 import { to as copyTo } from 'pg-copy-streams';
 import { newMessageId } from '../core/ids.ts';
-import type { InboxEvent, MessageRecord, RejectionReason, Usage } from '../core/model.ts';
+import type { InboxEvent, MessageRecord, RejectionReason } from '../core/model.ts';
 import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } from '../core/ports.ts';
 import { parseBinaryCopy } from './copy-binary.ts';
 import type { Database } from './database.ts';
 import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
-import { USAGE_WHERE } from './usage.ts';
 
 /** Bytes per stored chunk: bounds memory per delivery and per download (DESIGN decision 7). */
 export const CHUNK_BYTES = 256 * 1024;
@@ -20,8 +19,8 @@ const CHUNKS_PER_READ = 4;
 const SAFE_ID = /^[0-9a-z_]{1,40}$/;
 
 /**
- * The listing, one snapshot: messages and rejections after a position (each at most $3), and the
- * inbox's usage as one more row. Only the columns a poll presents are read.
+ * The listing, one snapshot: messages and rejections after a position (each at most $3). Only the
+ * columns a poll presents are read.
  */
 const LIST_EVENTS_SQL = `
   (SELECT 'message' AS kind, m.position, m.size_bytes, m.envelope_from, m.listed_at, m.message_id, m.from_name,
@@ -36,15 +35,10 @@ const LIST_EVENTS_SQL = `
           NULL, NULL, NULL, r.at, r.reason, r.sender_domain
    FROM rejections r
    WHERE r.inbox_id = $1 AND r.position > $2 AND (r.listed_at IS NULL OR r.listed_at > $6)
-   ORDER BY r.position LIMIT $3)
-  UNION ALL
-  -- usage: message_count as position, quota_used_bytes as size_bytes
-  (SELECT 'usage', count(*)::int8, coalesce(sum(size_bytes), 0)::int8, '', NULL, NULL, NULL, NULL, NULL, NULL,
-          NULL, NULL, NULL, NULL, NULL, NULL, NULL
-   FROM messages WHERE ${USAGE_WHERE('$1', '$7::timestamptz')})`;
+   ORDER BY r.position LIMIT $3)`;
 
 interface EventRow {
-  kind: 'message' | 'rejection' | 'usage';
+  kind: 'message' | 'rejection';
   position: number;
   size_bytes: number;
   envelope_from: string;
@@ -124,7 +118,7 @@ export class PgMessageStore implements MessageStore {
       }
       const { size, sha256 } = await writeChunks(client, d.inboxId, row.message_id, body);
       const seq = await client.query<{ event_seq: number }>(
-        'UPDATE inboxes SET event_seq = event_seq + 1 WHERE inbox_id = $1 RETURNING event_seq',
+        'UPDATE inboxes SET event_seq = event_seq + 1, version = version + 1 WHERE inbox_id = $1 RETURNING event_seq',
         [d.inboxId],
       );
       await client.query(
@@ -164,19 +158,15 @@ export class PgMessageStore implements MessageStore {
     return row ? { ...toMessage(row), storedBytes: row.stored_bytes } : undefined;
   }
 
-  async listEvents(inboxId: string, w: ListWindow): Promise<{ events: InboxEvent[]; usage: Usage }> {
-    const all = await this.#db.rows<EventRow>('events-list', LIST_EVENTS_SQL, [
+  async listEvents(inboxId: string, w: ListWindow): Promise<InboxEvent[]> {
+    const rows = await this.#db.rows<EventRow>('events-list', LIST_EVENTS_SQL, [
       inboxId,
       w.afterPosition,
       w.limit + 1,
       w.now,
       w.includeMessages,
       w.rejectionsListedAfter,
-      w.usageAsOf,
     ]);
-    const usageRow = all.find((row) => row.kind === 'usage');
-    const usage = { messageCount: usageRow?.position ?? 0, quotaUsedBytes: usageRow?.size_bytes ?? 0 };
-    const rows = all.filter((row) => row.kind !== 'usage');
     const events: InboxEvent[] = rows.map((row) =>
       row.kind === 'message'
         ? { kind: 'message', position: row.position, message: listedMessage(inboxId, row) }
@@ -194,7 +184,7 @@ export class PgMessageStore implements MessageStore {
             },
           },
     );
-    return { events: events.sort((a, b) => a.position - b.position), usage };
+    return events.sort((a, b) => a.position - b.position);
   }
 
   async markListed(
@@ -205,9 +195,9 @@ export class PgMessageStore implements MessageStore {
   ): Promise<Map<string, Date>> {
     const rows = await this.#db.rows<{ message_id: string; delete_after: Date }>(
       'messages-mark-listed',
-      `UPDATE messages SET listed_at = $3, delete_after = least(coalesce(delete_after, 'infinity'), $4)
-       WHERE inbox_id = $1 AND message_id = ANY($2) AND listed_at IS NULL
-       RETURNING message_id, delete_after`,
+      bumpingVersion(`UPDATE messages SET listed_at = $3, delete_after = least(coalesce(delete_after, 'infinity'), $4)
+         WHERE inbox_id = $1 AND message_id = ANY($2) AND listed_at IS NULL
+         RETURNING message_id, delete_after`),
       [inboxId, messageIds, now, deleteAfter],
     );
     return new Map(rows.map((row) => [row.message_id, row.delete_after]));
@@ -216,7 +206,8 @@ export class PgMessageStore implements MessageStore {
   async markRejectionsListed(inboxId: string, positions: number[], now: Date): Promise<void> {
     await this.#db.rows(
       'rejections-mark-listed',
-      'UPDATE rejections SET listed_at = $3 WHERE inbox_id = $1 AND position = ANY($2) AND listed_at IS NULL',
+      bumpingVersion(`UPDATE rejections SET listed_at = $3
+         WHERE inbox_id = $1 AND position = ANY($2) AND listed_at IS NULL RETURNING position`),
       [inboxId, positions, now],
     );
   }
@@ -224,10 +215,11 @@ export class PgMessageStore implements MessageStore {
   async markDownloaded(inboxId: string, messageId: string, now: Date, deleteAfter: Date): Promise<void> {
     await this.#db.rows(
       'message-mark-downloaded',
-      `UPDATE messages SET downloaded_at = coalesce(downloaded_at, $3),
-         delete_after = least(coalesce(delete_after, 'infinity'), $4)
-       WHERE inbox_id = $1 AND message_id = $2
-         AND (downloaded_at IS NULL OR delete_after IS NULL OR delete_after > $4)`,
+      bumpingVersion(`UPDATE messages SET downloaded_at = coalesce(downloaded_at, $3),
+           delete_after = least(coalesce(delete_after, 'infinity'), $4)
+         WHERE inbox_id = $1 AND message_id = $2
+           AND (downloaded_at IS NULL OR delete_after IS NULL OR delete_after > $4)
+         RETURNING message_id`),
       [inboxId, messageId, now, deleteAfter],
     );
   }
@@ -235,9 +227,9 @@ export class PgMessageStore implements MessageStore {
   async recordLost(message: MessageRecord, now: Date): Promise<void> {
     await this.#db.rows(
       'message-record-lost',
-      `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $3),
-         deleted_reason = coalesce(deleted_reason, 'lost')
-       WHERE inbox_id = $1 AND message_id = $2`,
+      bumpingVersion(`UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $3),
+           deleted_reason = coalesce(deleted_reason, 'lost')
+         WHERE inbox_id = $1 AND message_id = $2 RETURNING message_id`),
       [message.inboxId, message.messageId, now],
     );
   }
@@ -301,7 +293,7 @@ export class PgMessageStore implements MessageStore {
       const retry = input.reason === 'sender_not_allowed' && input.internetMessageId !== null && same > 0;
       if (retry || heldCount >= maxHeld) return 'counted';
       const seq = await client.query<{ event_seq: number }>(
-        'UPDATE inboxes SET event_seq = event_seq + 1 WHERE inbox_id = $1 RETURNING event_seq',
+        'UPDATE inboxes SET event_seq = event_seq + 1, version = version + 1 WHERE inbox_id = $1 RETURNING event_seq',
         [input.inboxId],
       );
       await client.query(
@@ -321,6 +313,16 @@ export class PgMessageStore implements MessageStore {
       return 'recorded';
     });
   }
+}
+
+/**
+ * Wraps an UPDATE ... RETURNING of one inbox's rows ($1 is the inbox id) so that, in the same statement,
+ * the inbox's version is bumped when any row changed (core/poll-cache.ts); returns the UPDATE's rows.
+ */
+function bumpingVersion(update: string): string {
+  return `WITH changed AS (${update}),
+    bumped AS (UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1 AND EXISTS (SELECT 1 FROM changed))
+    SELECT * FROM changed`;
 }
 
 /** A listed message: stored, with the fields a poll presents (not its content's size or hash). */

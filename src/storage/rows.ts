@@ -4,7 +4,7 @@
 import type { InboxRecord, MessageRecord } from '../core/model.ts';
 
 export const INBOX_COLUMNS =
-  'i.inbox_id, i.created_at, i.expires_at, i.quota_bytes, i.sender_domains, i.cancelled_at, i.rejection_count, i.event_seq';
+  'i.inbox_id, i.created_at, i.expires_at, i.quota_bytes, i.sender_domains, i.cancelled_at, i.rejection_count, i.event_seq, i.version';
 
 export interface InboxRow {
   inbox_id: string;
@@ -15,6 +15,7 @@ export interface InboxRow {
   cancelled_at: Date | null;
   rejection_count: number;
   event_seq: number;
+  version: number;
 }
 
 export const toInbox = (row: InboxRow): InboxRecord => ({
@@ -26,6 +27,7 @@ export const toInbox = (row: InboxRow): InboxRecord => ({
   cancelledAt: row.cancelled_at,
   rejectionCount: row.rejection_count,
   eventSeq: row.event_seq,
+  version: row.version,
 });
 
 export const MESSAGE_COLUMNS = `m.inbox_id, m.message_id, m.state, m.size_bytes, m.chunk_bytes, m.sha256, m.envelope_from,

@@ -258,7 +258,11 @@ async function main(): Promise<void> {
       wrk(API_PORT, targets, 3);
       return wrk(API_PORT, targets);
     };
-    const results = { poll: await measure(poll), status: await measure(status), download: await measure(download) };
+    const results = {
+      poll: await measure(poll),
+      status: await measure(status),
+      download: await measure(download),
+    };
     api.kill('SIGTERM');
     const yardstick = await startProcess(
       [join(HERE, 'yardstick-server.ts')],

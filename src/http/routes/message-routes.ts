@@ -18,7 +18,7 @@ export function registerMessageRoutes(router: Router, services: HttpServices): v
     '/v1/inboxes/:id/messages',
     inboxRoute(
       services,
-      { ownerOnly: false, bucket: 'poll' },
+      { ownerOnly: false, bucket: 'poll', withUsage: true },
       (ctx) => {
         const query = queryParameters(ctx, ['cursor', 'limit']);
         const limit = integerParameter(query.limit, 'limit', 1, 200, 50);
@@ -27,8 +27,9 @@ export function registerMessageRoutes(router: Router, services: HttpServices): v
         if (after === undefined) throw invalidRequest('cursor', 'This cursor was not issued by the service.');
         return { after, limit };
       },
-      async (caller, { after, limit }, ctx) => {
-        ctx.body = await polls.poll(caller, after, limit);
+      async (caller, { after, limit }, ctx, usage) => {
+        if (!usage) throw new Error('poll admitted without usage');
+        ctx.body = await polls.poll(caller, after, limit, usage);
       },
     ),
   );

@@ -1,0 +1,109 @@
+/**
+ * A poll page kept by one API process is never served stale: writes made through another process on
+ * the same database, and time rules, both end it (core/poll-cache.ts).
+ */
+import assert from 'node:assert/strict';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, test } from 'node:test';
+import { buildContainer, TOKENS } from '../../src/container.ts';
+import { createApp } from '../../src/http/app.ts';
+import type { HttpServices } from '../../src/http/services.ts';
+import type { Database } from '../../src/storage/database.ts';
+import { ApiClient, type Harness, startHarness } from '../support/harness.ts';
+
+let h: Harness;
+let other: ApiClient;
+let otherServer: Server;
+let closeOther: () => Promise<void>;
+
+before(async () => {
+  h = await startHarness({ POLL_RATE_BURST: '10000', DOWNLOAD_RATE_BURST: '10000' });
+  // A second API process on the same database: its own container, so its own cache and pool.
+  const container = buildContainer({ ...h.config }, { clock: h.clock, log: () => {}, poolSize: 4 });
+  const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
+  otherServer = await new Promise((resolve) => {
+    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+  });
+  other = new ApiClient(`http://127.0.0.1:${(otherServer.address() as AddressInfo).port}`);
+  closeOther = async () => {
+    otherServer.closeAllConnections();
+    await new Promise((resolve) => otherServer.close(resolve));
+    await container.resolve<Database>(TOKENS.Database).close();
+  };
+});
+after(async () => {
+  await closeOther();
+  await h.close();
+});
+
+const pollPath = (id: string) => `/v1/inboxes/${id}/messages`;
+
+test('a download through another process shows in the next poll of this one', async () => {
+  const inbox = await h.provision();
+  const token = inbox.credentials.reader;
+  await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\nbody\r\n');
+  const first = await h.api.get(pollPath(inbox.inbox_id), { token });
+  const again = await h.api.get(pollPath(inbox.inbox_id), { token });
+  assert.deepEqual(again.json.messages, first.json.messages);
+  assert.equal(again.json.messages[0].downloaded_at, null);
+
+  h.clock.advance(10);
+  const url = new URL(first.json.messages[0].url);
+  const download = await other.get(url.pathname, { token });
+  assert.equal(download.status, 200);
+
+  const after = await h.api.get(pollPath(inbox.inbox_id), { token });
+  assert.equal(after.json.messages[0].downloaded_at, h.clock.now().toISOString());
+  assert.equal(
+    after.json.messages[0].delete_after,
+    new Date(h.clock.now().getTime() + h.config.downloadGraceSeconds * 1000).toISOString(),
+  );
+});
+
+test('a message stored and a rejection recorded after a poll are listed by the next poll of the same process', async () => {
+  const inbox = await h.provision();
+  const token = inbox.credentials.owner;
+  await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\n1\r\n');
+  await h.api.get(pollPath(inbox.inbox_id), { token });
+  await h.api.get(pollPath(inbox.inbox_id), { token });
+  await h.deliver(inbox.inbox_id, 'Subject: two\r\n\r\n2\r\n', { summary: { subject: 'two' } });
+  await h.reject(inbox.inbox_id, { reason: 'quota', sizeBytes: 123 });
+  const poll = await h.api.get(pollPath(inbox.inbox_id), { token });
+  assert.equal(poll.json.messages.length, 2);
+  assert.equal(poll.json.messages[1].subject, 'two');
+  assert.equal(poll.json.rejections.length, 1);
+  assert.equal(poll.json.inbox.message_count, 2);
+});
+
+test('a kept page ends when its first message passes delete_after, with no write at all', async () => {
+  const inbox = await h.provision();
+  const token = inbox.credentials.owner;
+  await h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, { token });
+  await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\n1\r\n');
+  await h.api.get(pollPath(inbox.inbox_id), { token });
+  h.clock.advance(60);
+  await h.deliver(inbox.inbox_id, 'Subject: two\r\n\r\n2\r\n', { summary: { subject: 'two' } });
+  await h.api.get(pollPath(inbox.inbox_id), { token });
+  const kept = await h.api.get(pollPath(inbox.inbox_id), { token });
+  assert.equal(kept.json.messages.length, 2);
+  h.clock.advance(h.config.unclaimedSeconds - 30);
+  const after = await h.api.get(pollPath(inbox.inbox_id), { token });
+  assert.deepEqual(
+    after.json.messages.map((m: { subject: string }) => m.subject),
+    ['two'],
+  );
+  assert.equal(after.json.inbox.message_count, 1);
+});
+
+test('a kept page ends at the inbox expiry: the next poll answers expired with no messages', async () => {
+  const inbox = await h.provision();
+  const token = inbox.credentials.reader;
+  await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\n1\r\n');
+  await h.api.get(pollPath(inbox.inbox_id), { token });
+  await h.api.get(pollPath(inbox.inbox_id), { token });
+  h.clock.advance(h.config.unitSeconds);
+  const expired = await h.api.get(pollPath(inbox.inbox_id), { token });
+  assert.equal(expired.json.inbox.state, 'expired');
+  assert.deepEqual(expired.json.messages, []);
+});
