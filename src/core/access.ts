@@ -15,15 +15,16 @@ import type { Clock } from './clock.ts';
 import { addSeconds } from './clock.ts';
 import { ServiceError, unauthorized } from './errors.ts';
 import { OWNER_CREDENTIAL, READER_CREDENTIAL } from './ids.ts';
-import { isPurged, type LifecycleSettings } from './lifecycle.ts';
+import { isPurged, type LifecycleSettings, usageInstant } from './lifecycle.ts';
 import type { Caller, Usage } from './model.ts';
 import type { Bucket, Gatekeeper } from './ports.ts';
 import { hashCredential } from './secrets.ts';
+import { UsageCache } from './usage-cache.ts';
 
 export interface Operation {
   ownerOnly: boolean;
   bucket: Bucket | null;
-  /** Also return the inbox's usage (status needs it; saves a round trip). */
+  /** Also return the inbox's usage (status and poll need it), from the cache or the same round trip. */
   withUsage?: boolean;
 }
 
@@ -39,11 +40,13 @@ export class Access {
   readonly #gate: Gatekeeper;
   readonly #clock: Clock;
   readonly #settings: LifecycleSettings;
+  readonly #usage: UsageCache;
 
-  constructor(gate: Gatekeeper, clock: Clock, settings: LifecycleSettings) {
+  constructor(gate: Gatekeeper, clock: Clock, settings: LifecycleSettings, usage = new UsageCache()) {
     this.#gate = gate;
     this.#clock = clock;
     this.#settings = settings;
+    this.#usage = usage;
   }
 
   /** Runs the six checks; `shape` is step 2's outcome, computed by the caller without side effects. */
@@ -56,6 +59,8 @@ export class Access {
     const token = bearerToken(authorization);
     const wellFormed = OWNER_CREDENTIAL.test(token) || READER_CREDENTIAL.test(token);
     const now = this.#clock.now();
+    const withUsage = operation.withUsage === true && shape.ok;
+    const known = withUsage ? this.#usage.peek(inboxId, now) : undefined;
     // Always one lookup, so a malformed token takes as long as an unknown one.
     const admission = await this.#gate.admit({
       credentialHash: hashCredential(token),
@@ -63,7 +68,8 @@ export class Access {
       ownerOnly: operation.ownerOnly,
       bucket: operation.bucket,
       take: shape.ok && wellFormed,
-      withUsage: operation.withUsage === true && shape.ok,
+      withUsage,
+      knownUsageVersion: known?.version ?? null,
       now,
       purgeCutoff: addSeconds(now, -this.#settings.purgeAfterSeconds),
     });
@@ -89,7 +95,23 @@ export class Access {
       if (admission.bucket !== 'taken')
         throw new Error('gatekeeper skipped the rate bucket of an admitted request');
     }
-    return { caller: { role, inbox }, input: shape.value, usage: admission.usage };
+    let usage: Usage | undefined;
+    if (withUsage) {
+      if (admission.usage) {
+        const { changesAt, ...counts } = admission.usage;
+        usage = counts;
+        this.#usage.remember(
+          inbox.inboxId,
+          inbox.version,
+          counts,
+          changesAt,
+          inbox.expiresAt,
+          usageInstant(inbox, now),
+        );
+      } else if (known && known.version === inbox.version) usage = known.usage;
+      else throw new Error('gatekeeper returned no usage for an inbox whose usage is not known');
+    }
+    return { caller: { role, inbox }, input: shape.value, usage };
   }
 }
 

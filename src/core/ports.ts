@@ -89,6 +89,8 @@ export interface AdmissionRequest {
   /** Take a token only if the request is well formed; a malformed one never counts. */
   take: boolean;
   withUsage: boolean;
+  /** Skip the usage when the inbox is still at this version (the caller holds it); null: always read. */
+  knownUsageVersion: number | null;
   now: Date;
   /** Inboxes that expired before this instant are purged. */
   purgeCutoff: Date;
@@ -103,7 +105,8 @@ export interface Admission {
    */
   bucket: 'taken' | 'refused' | 'skipped';
   retryAfterSeconds?: number;
-  usage?: Usage;
+  /** Present when asked for and not already known; `changesAt` as UsageCache.remember takes it. */
+  usage?: Usage & { changesAt: Date | null };
 }
 
 export interface Gatekeeper {
@@ -158,8 +161,11 @@ export interface ListWindow {
 }
 
 /**
- * Every method that changes what a poll lists (store, markListed, markRejectionsListed, markDownloaded,
- * recordLost, an event from recordRejection) also bumps the inbox's `version` in the same transaction.
+ * Every method that changes what a poll lists or the inbox's usage (reserve, store, markListed,
+ * markRejectionsListed, markDownloaded, recordLost, an event from recordRejection) also bumps the
+ * inbox's `version` in the same transaction: the API's caches (core/poll-cache.ts, core/usage-cache.ts)
+ * trust a page or a usage only while the version is unchanged. A job that deletes rows the time rules
+ * already hide need not bump it; anything else that changes them must.
  */
 export interface MessageStore {
   /**

@@ -3,7 +3,8 @@
  * credential's inbox and, only when the request may proceed, take a token from the inbox's rate
  * bucket (GCRA: each bucket keeps one "theoretical arrival time", tat; a request is allowed when tat,
  * after adding one emission interval, is at most `burst` intervals ahead of now). Optionally the
- * inbox's usage comes back in the same statement.
+ * inbox's usage comes back in the same statement, unless the caller already holds it for the inbox's
+ * current version (core/usage-cache.ts).
  *
  * The statement takes a token only when the core's own checks will pass (own inbox, not cancelled,
  * role allowed, not purged); the core re-checks every one of them on the returned row and treats any
@@ -40,12 +41,13 @@ const ADMIT_SQL = `
   SELECT c.*,
     (SELECT count(*) FROM take)::int AS taken,
     (SELECT rb.tat FROM rate_buckets rb WHERE rb.inbox_id = c.inbox_id AND rb.bucket = $2) AS tat,
-    u.message_count, u.quota_used_bytes
+    u.message_count, u.quota_used_bytes, u.changes_at
   FROM c LEFT JOIN LATERAL (
-    SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes
+    SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes,
+      min(delete_after) AS changes_at
     FROM messages
     WHERE ${USAGE_WHERE('c.inbox_id', 'least($6::timestamptz, c.expires_at)')}
-  ) u ON $9::boolean`;
+  ) u ON $9::boolean AND c.version IS DISTINCT FROM $10::int8`;
 
 type AdmitRow = InboxRow & {
   role: 'owner' | 'reader';
@@ -53,6 +55,7 @@ type AdmitRow = InboxRow & {
   tat: Date | null;
   message_count: number | null;
   quota_used_bytes: number | null;
+  changes_at: Date | null;
 };
 
 export class PgGatekeeper implements Gatekeeper {
@@ -78,11 +81,16 @@ export class PgGatekeeper implements Gatekeeper {
       interval,
       settings.burst * interval,
       request.withUsage,
+      request.knownUsageVersion,
     ]);
     if (!row) return undefined;
     const admission: Admission = { role: row.role, inbox: toInbox(row), bucket: 'skipped' };
     if (row.message_count !== null && row.quota_used_bytes !== null) {
-      admission.usage = { messageCount: row.message_count, quotaUsedBytes: row.quota_used_bytes };
+      admission.usage = {
+        messageCount: row.message_count,
+        quotaUsedBytes: row.quota_used_bytes,
+        changesAt: row.changes_at,
+      };
     }
     if (bucket && row.taken > 0) admission.bucket = 'taken';
     else if (bucket && row.inbox_id === request.inboxId && row.tat) {

@@ -84,6 +84,8 @@ export class PgMessageStore implements MessageStore {
         [r.inboxId, r.now],
       );
       if ((used.rows[0]?.used ?? 0) + r.sizeBytes > quota) return 'over_quota';
+      // Usage changes: the inbox's version moves (core/usage-cache.ts).
+      await client.query('UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1', [r.inboxId]);
       await client.query(
         `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
          VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)`,

@@ -1,12 +1,13 @@
 /**
- * A poll page kept by one API process is never served stale: writes made through another process on
- * the same database, and time rules, both end it (core/poll-cache.ts).
+ * What one API process keeps (poll pages, core/poll-cache.ts; usage, core/usage-cache.ts) is never
+ * served stale: writes made elsewhere on the same database, and time rules, both end it.
  */
 import assert from 'node:assert/strict';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, test } from 'node:test';
 import { buildContainer, TOKENS } from '../../src/container.ts';
+import { newMessageId } from '../../src/core/ids.ts';
 import { createApp } from '../../src/http/app.ts';
 import type { HttpServices } from '../../src/http/services.ts';
 import type { Database } from '../../src/storage/database.ts';
@@ -106,4 +107,37 @@ test('a kept page ends at the inbox expiry: the next poll answers expired with n
   const expired = await h.api.get(pollPath(inbox.inbox_id), { token });
   assert.equal(expired.json.inbox.state, 'expired');
   assert.deepEqual(expired.json.messages, []);
+});
+
+test('a reservation made after a status shows in the next status: counts include deliveries in flight', async () => {
+  const inbox = await h.provision();
+  const token = inbox.credentials.reader;
+  await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\n1\r\n');
+  const before = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token });
+  await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token });
+  await h.messages.reserve({
+    inboxId: inbox.inbox_id,
+    messageId: newMessageId(),
+    queueId: 'CACHEQ1',
+    sizeBytes: 5000,
+    envelopeFrom: 'a@example.com',
+    now: h.clock.now(),
+  });
+  const after = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token });
+  assert.equal(after.json.message_count, before.json.message_count + 1);
+  assert.equal(after.json.quota_used_bytes, before.json.quota_used_bytes + 5000);
+});
+
+test('usage kept by one process drops when a message downloaded through another passes its grace', async () => {
+  const inbox = await h.provision();
+  const token = inbox.credentials.reader;
+  await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\n1\r\n');
+  const poll = await h.api.get(pollPath(inbox.inbox_id), { token });
+  const held = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token });
+  assert.equal(held.json.message_count, 1);
+  await other.get(new URL(poll.json.messages[0].url).pathname, { token });
+  h.clock.advance(h.config.downloadGraceSeconds);
+  const gone = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token });
+  assert.equal(gone.json.message_count, 0);
+  assert.equal(gone.json.quota_used_bytes, 0);
 });
