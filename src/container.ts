@@ -58,7 +58,7 @@ export function buildContainer(
   c.register(TOKENS.Config, { useValue: config });
   c.register(TOKENS.Clock, { useValue: options.clock ?? systemClock });
   c.register(TOKENS.Log, { useValue: options.log ?? createLog('api') });
-  single(TOKENS.Database, () => new Database(config.databaseUrl, options.poolSize ?? 12));
+  single(TOKENS.Database, () => new Database(config.databaseUrl, options.poolSize ?? 10));
   single(TOKENS.InboxStore, () => new PgInboxStore(get(TOKENS.Database)));
   single(TOKENS.MessageStore, () => new PgMessageStore(get(TOKENS.Database)));
   single(TOKENS.OptOutStore, () => new PgOptOutStore(get(TOKENS.Database)));

@@ -21,28 +21,28 @@ export interface BucketSettings {
   perSecond: number;
 }
 
+/** Steps 3 to 5 as the core checks them: own inbox, not cancelled, role allowed, not purged. */
+const ELIGIBLE = `c.inbox_id = $3 AND c.cancelled_at IS NULL AND (NOT $4::boolean OR c.role = 'owner')
+  AND c.expires_at > $5::timestamptz`;
+
 const ADMIT_SQL = `
   WITH c AS (
     SELECT c.role, ${INBOX_COLUMNS}
     FROM credentials c JOIN inboxes i USING (inbox_id)
     WHERE c.credential_hash = $1
-  ), eligible AS (
-    SELECT inbox_id FROM c
-    WHERE $2::text IS NOT NULL AND inbox_id = $3 AND cancelled_at IS NULL
-      AND (NOT $4::boolean OR role = 'owner') AND expires_at > $5::timestamptz
   ), take AS (
     INSERT INTO rate_buckets AS b (inbox_id, bucket, tat)
-    SELECT inbox_id, $2, $6::timestamptz + make_interval(secs => $7) FROM eligible
+    SELECT c.inbox_id, $2, $6::timestamptz + make_interval(secs => $7) FROM c
+    WHERE $2::text IS NOT NULL AND ${ELIGIBLE}
     ON CONFLICT (inbox_id, bucket) DO UPDATE
       SET tat = greatest(b.tat, $6::timestamptz) + make_interval(secs => $7)
       WHERE greatest(b.tat, $6::timestamptz) + make_interval(secs => $7) <= $6::timestamptz + make_interval(secs => $8)
     RETURNING tat
   )
-  SELECT c.*,
-    (SELECT count(*) FROM take)::int AS taken,
-    (SELECT rb.tat FROM rate_buckets rb WHERE rb.inbox_id = c.inbox_id AND rb.bucket = $2) AS tat,
+  SELECT c.*, (${ELIGIBLE}) AS eligible, t.tat AS taken_tat,
     u.message_count, u.quota_used_bytes, u.changes_at
-  FROM c LEFT JOIN LATERAL (
+  FROM c LEFT JOIN take t ON true
+  LEFT JOIN LATERAL (
     SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes,
       min(delete_after) AS changes_at
     FROM messages
@@ -51,8 +51,8 @@ const ADMIT_SQL = `
 
 type AdmitRow = InboxRow & {
   role: 'owner' | 'reader';
-  taken: number;
-  tat: Date | null;
+  eligible: boolean;
+  taken_tat: Date | null;
   message_count: number | null;
   quota_used_bytes: number | null;
   changes_at: Date | null;
@@ -92,10 +92,17 @@ export class PgGatekeeper implements Gatekeeper {
         changesAt: row.changes_at,
       };
     }
-    if (bucket && row.taken > 0) admission.bucket = 'taken';
-    else if (bucket && row.inbox_id === request.inboxId && row.tat) {
+    if (bucket && row.taken_tat) admission.bucket = 'taken';
+    else if (bucket && row.eligible) {
+      // Refused (the rare path): read the bucket to say when a token is due.
+      const [current] = await this.#db.rows<{ tat: Date }>(
+        'rate-bucket-read',
+        'SELECT tat FROM rate_buckets WHERE inbox_id = $1 AND bucket = $2',
+        [row.inbox_id, bucket],
+      );
       // Allowed again once tat + interval - now <= burst * interval.
-      const waitMs = row.tat.getTime() + (1 - settings.burst) * interval * 1000 - request.now.getTime();
+      const tat = current?.tat.getTime() ?? request.now.getTime();
+      const waitMs = tat + (1 - settings.burst) * interval * 1000 - request.now.getTime();
       admission.bucket = 'refused';
       admission.retryAfterSeconds = Math.max(1, Math.ceil(waitMs / 1000));
     }
