@@ -27,7 +27,8 @@ export class PollCache {
   readonly #pages = new Map<string, CachedPage>();
   readonly #maxPages: number;
 
-  constructor(maxPages = 5000) {
+  /** At most `maxPages` pages (a 20-message page is about 10 KB), the oldest dropped first. */
+  constructor(maxPages = 2000) {
     this.#maxPages = maxPages;
   }
 

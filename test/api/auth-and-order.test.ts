@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import type { InboxService, ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { expectError } from '../support/assertions.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
@@ -17,12 +18,6 @@ after(() => h.close());
 
 const UNKNOWN_OWNER = `rmo_${'7'.repeat(32)}`;
 const UNKNOWN_READER = `rmr_${'7'.repeat(32)}`;
-
-function assertError(response: ApiResponse, status: number, code: string): Record<string, unknown> {
-  assert.equal(response.status, status, `${code}: ${response.text}`);
-  assert.equal(response.json.error.code, code, response.text);
-  return response.json.error.details ?? {};
-}
 
 const cancel = (inbox: ProvisionedInbox) =>
   h.container.resolve<InboxService>(TOKENS.InboxService).cancel(inbox.inbox_id);
@@ -114,13 +109,13 @@ test('extend with the reader credential and a non-empty body answers 400 invalid
       token: inbox.credentials.reader,
       body,
     });
-    assertError(response, 400, 'invalid_request');
+    expectError(response, 400, 'invalid_request');
   }
   const keyed = await h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, {
     token: inbox.credentials.reader,
     headers: { 'idempotency-key': 'bad key' },
   });
-  assert.equal(assertError(keyed, 400, 'invalid_request').field, 'Idempotency-Key');
+  assert.equal(expectError(keyed, 400, 'invalid_request').field, 'Idempotency-Key');
 });
 
 test('extend with the reader credential and an empty body answers 403 forbidden', async () => {
@@ -130,7 +125,7 @@ test('extend with the reader credential and an empty body answers 403 forbidden'
       token: inbox.credentials.reader,
       body,
     });
-    assertError(response, 403, 'forbidden');
+    expectError(response, 403, 'forbidden');
   }
 });
 
@@ -138,11 +133,11 @@ test('set sender domains with the reader credential answers 400 for a malformed 
   const inbox = await h.provision();
   const path = `/v1/inboxes/${inbox.inbox_id}/sender-domains`;
   const token = inbox.credentials.reader;
-  assertError(await h.api.put(path, { token, body: { sender_domains: ['x'] } }), 400, 'invalid_request');
-  assertError(await h.api.put(path, { token, body: {} }), 400, 'invalid_request');
+  expectError(await h.api.put(path, { token, body: { sender_domains: ['x'] } }), 400, 'invalid_request');
+  expectError(await h.api.put(path, { token, body: {} }), 400, 'invalid_request');
   const many = Array.from({ length: 21 }, (_, i) => `d${i}.example`);
-  assertError(await h.api.put(path, { token, body: { sender_domains: many } }), 400, 'out_of_bounds');
-  assertError(await h.api.put(path, { token, body: { sender_domains: ['ok.example'] } }), 403, 'forbidden');
+  expectError(await h.api.put(path, { token, body: { sender_domains: many } }), 400, 'out_of_bounds');
+  expectError(await h.api.put(path, { token, body: { sender_domains: ['ok.example'] } }), 403, 'forbidden');
 });
 
 test('a sender_domains list naming an opted-out domain answers 409 whatever the credential inbox or role', async () => {
@@ -157,7 +152,7 @@ test('a sender_domains list naming an opted-out domain answers 409 whatever the 
     other.credentials.reader,
   ]) {
     const response = await h.api.put(`/v1/inboxes/${inbox.inbox_id}/sender-domains`, { token, body });
-    const details = assertError(response, 409, 'sender_opted_out');
+    const details = expectError(response, 409, 'sender_opted_out');
     assert.equal(details.field, 'sender_domains');
     assert.deepEqual(details.domains, ['optedout-order.example']);
   }
@@ -174,12 +169,12 @@ test('a sender_domains list naming an opted-out domain answers 409 sender_opted_
     token: inbox.credentials.owner,
     body: { sender_domains: ['mail.optedout-expired.example'] },
   });
-  assert.deepEqual(assertError(refused, 409, 'sender_opted_out').domains, ['mail.optedout-expired.example']);
+  assert.deepEqual(expectError(refused, 409, 'sender_opted_out').domains, ['mail.optedout-expired.example']);
   const allowed = await h.api.put(path, {
     token: inbox.credentials.owner,
     body: { sender_domains: ['ok.example'] },
   });
-  assertError(allowed, 409, 'inbox_expired');
+  expectError(allowed, 409, 'inbox_expired');
 });
 
 test('a sender_domains list naming an opted-out domain answers 409 sender_opted_out on a cancelled inbox, not 410', async () => {
@@ -192,13 +187,13 @@ test('a sender_domains list naming an opted-out domain answers 409 sender_opted_
       token,
       body: { sender_domains: ['optedout-cancelled.example'] },
     });
-    assertError(refused, 409, 'sender_opted_out');
+    expectError(refused, 409, 'sender_opted_out');
   }
   const allowed = await h.api.put(path, {
     token: inbox.credentials.owner,
     body: { sender_domains: ['ok.example'] },
   });
-  assertError(allowed, 410, 'inbox_cancelled');
+  expectError(allowed, 410, 'inbox_cancelled');
 });
 
 test('a sender_domains list naming an opted-out domain with a missing or unknown credential answers 401', async () => {
@@ -209,7 +204,7 @@ test('a sender_domains list naming an opted-out domain with a missing or unknown
       ...auth(token),
       body: { sender_domains: ['optedout-anon.example'] },
     });
-    assertError(response, 401, 'unauthorized');
+    expectError(response, 401, 'unauthorized');
   }
 });
 
@@ -219,7 +214,7 @@ test('a subdomain of an opted-out domain is refused, a parent of an opted-out su
   const path = `/v1/inboxes/${inbox.inbox_id}/sender-domains`;
   const token = inbox.credentials.owner;
   const sub = await h.api.put(path, { token, body: { sender_domains: ['x.promo.brand-order.example'] } });
-  assert.deepEqual(assertError(sub, 409, 'sender_opted_out').domains, ['x.promo.brand-order.example']);
+  assert.deepEqual(expectError(sub, 409, 'sender_opted_out').domains, ['x.promo.brand-order.example']);
   const parent = await h.api.put(path, { token, body: { sender_domains: ['brand-order.example'] } });
   assert.equal(parent.status, 200, parent.text);
   const sibling = await h.api.put(path, { token, body: { sender_domains: ['shop.brand-order.example'] } });
@@ -241,8 +236,8 @@ test('a purged inbox answers 401 unauthorized to every operation with either cre
     token: inbox.credentials.owner,
     body: { sender_domains: ['optedout-purged.example'] },
   });
-  assertError(optedOut, 401, 'unauthorized');
-  assertError(await MALFORMED.extend[0](inbox, inbox.credentials.owner), 401, 'unauthorized');
+  expectError(optedOut, 401, 'unauthorized');
+  expectError(await MALFORMED.extend[0](inbox, inbox.credentials.owner), 401, 'unauthorized');
 });
 
 test('a cancelled inbox answers 410 inbox_cancelled to every operation with either credential', async () => {
@@ -257,7 +252,7 @@ test('a cancelled inbox answers 410 inbox_cancelled to every operation with eith
   };
   for (const [name, call] of Object.entries(calls)) {
     for (const token of [inbox.credentials.owner, inbox.credentials.reader]) {
-      const details = assertError(await call(inbox, token), 410, 'inbox_cancelled');
+      const details = expectError(await call(inbox, token), 410, 'inbox_cancelled');
       assert.deepEqual(details, { reason: 'abuse', cancelled_at: cancelledAt.toISOString() }, name);
     }
   }
@@ -272,7 +267,7 @@ test('a cancelled inbox answers 401 unauthorized once its paid lifetime has ende
   await h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, { token: inbox.credentials.owner });
   await cancel(inbox);
   h.clock.advance(2 * 3600 - 1);
-  assertError(await WELL_FORMED.status(inbox, inbox.credentials.reader), 410, 'inbox_cancelled');
+  expectError(await WELL_FORMED.status(inbox, inbox.credentials.reader), 410, 'inbox_cancelled');
   h.clock.advance(1);
   for (const [name, call] of Object.entries(WELL_FORMED)) {
     for (const token of [inbox.credentials.owner, inbox.credentials.reader]) {
@@ -287,8 +282,8 @@ test('a foreign credential on a cancelled inbox answers 401, and a cancelled inb
   const cancelled = await h.provision();
   const live = await h.provision();
   await cancel(cancelled);
-  assertError(await WELL_FORMED.status(cancelled, live.credentials.owner), 401, 'unauthorized');
-  assertError(await WELL_FORMED.status(live, cancelled.credentials.owner), 401, 'unauthorized');
+  expectError(await WELL_FORMED.status(cancelled, live.credentials.owner), 401, 'unauthorized');
+  expectError(await WELL_FORMED.status(live, cancelled.credentials.owner), 401, 'unauthorized');
 });
 
 test('a path under an inbox that no endpoint serves answers 404 not_found', async () => {
@@ -299,7 +294,7 @@ test('a path under an inbox that no endpoint serves answers 404 not_found', asyn
       `/v1/inboxes/${inbox.inbox_id}/messages/x/y`,
     ]) {
       const response = await h.api.get(path, auth(token));
-      assertError(response, 404, 'not_found');
+      expectError(response, 404, 'not_found');
     }
   }
 });

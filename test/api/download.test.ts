@@ -10,6 +10,7 @@ import pg from 'pg';
 import { TOKENS } from '../../src/container.ts';
 import { newMessageId } from '../../src/core/ids.ts';
 import type { InboxService, ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { expectError, iso, plus } from '../support/assertions.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
@@ -28,9 +29,6 @@ before(async () => {
 });
 after(() => h.close());
 
-const iso = (date: Date) => date.toISOString();
-const plus = (isoTime: string, seconds: number) =>
-  new Date(Date.parse(isoTime) + seconds * 1000).toISOString();
 const messagePath = (inbox: ProvisionedInbox, messageId: string) =>
   `/v1/inboxes/${inbox.inbox_id}/messages/${messageId}`;
 
@@ -62,11 +60,6 @@ async function listed(inbox: ProvisionedInbox, messageId: string) {
     serverTime: response.json.server_time as string,
     message: response.json.messages.find((m: { message_id: string }) => m.message_id === messageId),
   };
-}
-
-function assertError(response: ApiResponse, status: number, code: string): void {
-  assert.equal(response.status, status, response.text);
-  assert.equal(response.json.error.code, code, response.text);
 }
 
 function assertDownloadHeaders(response: ApiResponse, contentLength: number): void {
@@ -199,7 +192,7 @@ test('416 range_not_satisfiable: a range past the end carries Content-Range byte
   const id = await h.deliver(inbox.inbox_id, raw);
   for (const range of [`bytes=${raw.length}-`, `bytes=${raw.length}-${raw.length + 10}`, 'bytes=9999-']) {
     const response = await download(inbox, id, { Range: range });
-    assertError(response, 416, 'range_not_satisfiable');
+    expectError(response, 416, 'range_not_satisfiable');
     assert.equal(response.headers.get('content-range'), `bytes */${raw.length}`, range);
     assert.deepEqual(response.json.error.details, { size_bytes: raw.length });
   }
@@ -292,11 +285,11 @@ test('401 unauthorized: download without a credential, with a malformed one or w
   const id = await h.deliver(inbox.inbox_id, 'Subject: secret\r\n\r\nsecret\r\n');
   const path = messagePath(inbox, id);
   for (const token of [undefined, 'rmr_short', other.credentials.reader, other.credentials.owner]) {
-    assertError(await h.api.get(path, token === undefined ? {} : { token }), 401, 'unauthorized');
+    expectError(await h.api.get(path, token === undefined ? {} : { token }), 401, 'unauthorized');
     assert.equal((await h.api.head(path, token === undefined ? {} : { token })).status, 401);
   }
   // The credential is checked before the message id.
-  assertError(await h.api.get(messagePath(inbox, 'nonsense'), {}), 401, 'unauthorized');
+  expectError(await h.api.get(messagePath(inbox, 'nonsense'), {}), 401, 'unauthorized');
 });
 
 test('404 message_not_found: no such message in this inbox', async () => {
@@ -304,7 +297,7 @@ test('404 message_not_found: no such message in this inbox', async () => {
   const other = await h.provision();
   const elsewhere = await h.deliver(other.inbox_id, 'Subject: theirs\r\n\r\ntheirs\r\n');
   for (const id of [newMessageId(), elsewhere]) {
-    assertError(await download(inbox, id), 404, 'message_not_found');
+    expectError(await download(inbox, id), 404, 'message_not_found');
     assert.equal((await download(inbox, id, {}, 'HEAD')).status, 404);
   }
 });
@@ -320,11 +313,11 @@ test('404 message_not_found: a malformed message id, whatever inbox the credenti
     `msg_${'a'.repeat(21)}`,
   ];
   for (const id of malformed) {
-    assertError(await download(inbox, id), 404, 'message_not_found');
+    expectError(await download(inbox, id), 404, 'message_not_found');
     assert.equal((await download(inbox, id, {}, 'HEAD')).status, 404);
     // Request shape comes before "is this credential the inbox's own" (contract section 4 check order).
     const foreign = await h.api.get(messagePath(inbox, id), { token: other.credentials.reader });
-    assertError(foreign, 404, 'message_not_found');
+    expectError(foreign, 404, 'message_not_found');
   }
 });
 
@@ -340,7 +333,7 @@ test('404 message_not_found: a delivery still in flight', async () => {
     now: h.clock.now(),
   });
   assert.equal(reserved, 'reserved');
-  assertError(await download(inbox, messageId), 404, 'message_not_found');
+  expectError(await download(inbox, messageId), 404, 'message_not_found');
   assert.equal((await download(inbox, messageId, {}, 'HEAD')).status, 404);
 });
 
@@ -352,7 +345,7 @@ test('410 message_gone: download of a message deleted within the hour after its 
   assert.equal((await download(inbox, id)).status, 200, 'still inside the grace window');
   h.clock.advance(1);
   const gone = await download(inbox, id);
-  assertError(gone, 410, 'message_gone');
+  expectError(gone, 410, 'message_gone');
   assert.deepEqual(gone.json.error.details, { reason: 'downloaded' });
   assert.equal((await download(inbox, id, {}, 'HEAD')).status, 410);
   assert.equal((await listed(inbox, id)).message, undefined);
@@ -363,9 +356,9 @@ test('404 message_not_found: a message deleted more than GONE_SECONDS ago', asyn
   const id = await h.deliver(inbox.inbox_id, 'Subject: old\r\n\r\nold\r\n');
   assert.equal((await download(inbox, id)).status, 200);
   h.clock.advance(h.config.downloadGraceSeconds + h.config.goneSeconds - 1);
-  assertError(await download(inbox, id), 410, 'message_gone');
+  expectError(await download(inbox, id), 410, 'message_gone');
   h.clock.advance(1);
-  assertError(await download(inbox, id), 404, 'message_not_found');
+  expectError(await download(inbox, id), 404, 'message_not_found');
   assert.equal((await download(inbox, id, {}, 'HEAD')).status, 404);
 });
 
@@ -379,10 +372,10 @@ test('410 message_gone: a listed message never downloaded is gone UNCLAIMED_SECO
   assert.equal((await download(inbox, id, {}, 'HEAD')).status, 200);
   h.clock.advance(1);
   const gone = await download(inbox, id);
-  assertError(gone, 410, 'message_gone');
+  expectError(gone, 410, 'message_gone');
   assert.deepEqual(gone.json.error.details, { reason: 'unclaimed' });
   h.clock.advance(h.config.goneSeconds);
-  assertError(await download(inbox, id), 404, 'message_not_found');
+  expectError(await download(inbox, id), 404, 'message_not_found');
 });
 
 test('410 message_gone: a message of an expired inbox answers reason expired until the inbox is purged', async () => {
@@ -394,11 +387,11 @@ test('410 message_gone: a message of an expired inbox answers reason expired unt
   h.clock.advance(Date.parse(inbox.expires_at) / 1000 - h.clock.now().getTime() / 1000);
   for (const id of [listedId, unlistedId]) {
     const gone = await download(inbox, id);
-    assertError(gone, 410, 'message_gone');
+    expectError(gone, 410, 'message_gone');
     assert.deepEqual(gone.json.error.details, { reason: 'expired' });
   }
   h.clock.advance(h.config.purgeAfterSeconds);
-  assertError(await download(inbox, listedId), 401, 'unauthorized');
+  expectError(await download(inbox, listedId), 401, 'unauthorized');
 });
 
 test('410 message_gone: a message whose stored copy is missing answers reason lost', async () => {
@@ -411,7 +404,7 @@ test('410 message_gone: a message whose stored copy is missing answers reason lo
   await sql('DELETE FROM message_chunks WHERE message_id = $1', [lostWhole]);
   for (const messageId of [id, lostWhole]) {
     const gone = await download(inbox, messageId);
-    assertError(gone, 410, 'message_gone');
+    expectError(gone, 410, 'message_gone');
     assert.deepEqual(gone.json.error.details, { reason: 'lost' });
     assert.equal((await download(inbox, messageId, {}, 'HEAD')).status, 410);
     assert.equal((await listed(inbox, messageId)).message, undefined, 'a lost message is not listed');
@@ -419,7 +412,7 @@ test('410 message_gone: a message whose stored copy is missing answers reason lo
   const status = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.reader });
   assert.equal(status.json.message_count, 0, 'a lost message no longer counts');
   h.clock.advance(h.config.goneSeconds);
-  assertError(await download(inbox, id), 404, 'message_not_found');
+  expectError(await download(inbox, id), 404, 'message_not_found');
 });
 
 test('410 inbox_cancelled: download from an inbox cancelled for abuse', async () => {
@@ -429,11 +422,11 @@ test('410 inbox_cancelled: download from an inbox cancelled for abuse', async ()
   assert.equal(await h.container.resolve<InboxService>(TOKENS.InboxService).cancel(inbox.inbox_id), true);
   for (const token of [inbox.credentials.reader, inbox.credentials.owner]) {
     const response = await h.api.get(messagePath(inbox, id), { token });
-    assertError(response, 410, 'inbox_cancelled');
+    expectError(response, 410, 'inbox_cancelled');
     assert.deepEqual(response.json.error.details, { reason: 'abuse', cancelled_at: cancelledAt });
   }
   assert.equal((await download(inbox, id, {}, 'HEAD')).status, 410);
-  assertError(await download(inbox, newMessageId()), 410, 'inbox_cancelled');
+  expectError(await download(inbox, newMessageId()), 410, 'inbox_cancelled');
 });
 
 test('429 rate_limited: downloads have their own limit, and poll still answers while it is spent', async () => {
@@ -449,7 +442,7 @@ test('429 rate_limited: downloads have their own limit, and poll still answers w
   assert.ok(refused, 'the download limit was never reached');
   assert.ok(Number(refused.headers.get('retry-after')) >= 1);
   const limited = await download(inbox, id);
-  assertError(limited, 429, 'rate_limited');
+  expectError(limited, 429, 'rate_limited');
   const retryAfter = Number(limited.headers.get('retry-after'));
   assert.equal(limited.json.error.details.retry_after_seconds, retryAfter);
   assert.ok(Number.isInteger(retryAfter) && retryAfter >= 1);
@@ -475,7 +468,7 @@ test('500 internal: a storage failure answers internal with no detail but the re
       token: inbox.credentials.reader,
       headers: { 'X-Request-Id': 'req-download-500' },
     });
-    assertError(response, 500, 'internal');
+    expectError(response, 500, 'internal');
     assert.equal(response.json.error.details, undefined);
     assert.match(response.json.error.message, /req-download-500/);
     assert.doesNotMatch(response.json.error.message, /messages|relation|select/i);

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import type { InboxService, ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { expectError } from '../support/assertions.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 const UNIT = 3600;
@@ -37,12 +38,6 @@ async function expiresAt(inbox: ProvisionedInbox): Promise<number> {
   const status = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.reader });
   assert.equal(status.status, 200, status.text);
   return Date.parse(status.json.expires_at);
-}
-
-function assertError(response: ApiResponse, status: number, code: string): Record<string, unknown> {
-  assert.equal(response.status, status, response.text);
-  assert.equal(response.json.error.code, code, response.text);
-  return response.json.error.details ?? {};
 }
 
 test('extend with the owner credential and no body adds one unit to expires_at and answers the inbox status', async () => {
@@ -121,7 +116,7 @@ test('extend can be called again for each further hour: there is no cap on total
 test('extend with a body that is not empty or a JSON object answers 400 invalid_request', async () => {
   const inbox = await h.provision();
   for (const body of ['{', 'add=1', '[]', '[{}]', '"{}"', 'null', '0', 'true']) {
-    const details = assertError(await extend(inbox, { body }), 400, 'invalid_request');
+    const details = expectError(await extend(inbox, { body }), 400, 'invalid_request');
     assert.equal(typeof details.field, 'string', body);
   }
   assert.equal(await expiresAt(inbox), Date.parse(inbox.expires_at));
@@ -130,7 +125,7 @@ test('extend with a body that is not empty or a JSON object answers 400 invalid_
 test('extend with any field answers 400 invalid_request with details.field naming it', async () => {
   const inbox = await h.provision();
   for (const field of ['add_lifetime_seconds', 'add_quota_bytes', 'lifetime_seconds', 'units', 'foo']) {
-    const details = assertError(await extend(inbox, { body: { [field]: 3600 } }), 400, 'invalid_request');
+    const details = expectError(await extend(inbox, { body: { [field]: 3600 } }), 400, 'invalid_request');
     assert.equal(details.field, field);
   }
   assert.equal(await expiresAt(inbox), Date.parse(inbox.expires_at));
@@ -139,7 +134,7 @@ test('extend with any field answers 400 invalid_request with details.field namin
 test('extend with a malformed Idempotency-Key answers 400 invalid_request with details.field Idempotency-Key', async () => {
   const inbox = await h.provision();
   for (const key of ['a key', '', 'k'.repeat(256), 'clé']) {
-    const details = assertError(await extend(inbox, { key }), 400, 'invalid_request');
+    const details = expectError(await extend(inbox, { key }), 400, 'invalid_request');
     assert.equal(details.field, 'Idempotency-Key', JSON.stringify(key));
   }
   assert.equal(await expiresAt(inbox), Date.parse(inbox.expires_at));
@@ -159,7 +154,7 @@ test('extend with a credential problem answers 401 unauthorized', async () => {
   ];
   for (const token of tokens) {
     const response = await h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, token ? { token } : {});
-    assertError(response, 401, 'unauthorized');
+    expectError(response, 401, 'unauthorized');
     assert.equal(response.json.error.details, undefined);
   }
   assert.equal(await expiresAt(inbox), Date.parse(inbox.expires_at));
@@ -170,7 +165,7 @@ test('extend with the reader credential answers 403 forbidden', async () => {
   const inbox = await h.provision();
   for (const body of [undefined, '{}']) {
     const response = await extend(inbox, { token: inbox.credentials.reader, body });
-    assertError(response, 403, 'forbidden');
+    expectError(response, 403, 'forbidden');
     assert.equal(response.json.error.details, undefined);
   }
   assert.equal(await expiresAt(inbox), Date.parse(inbox.expires_at));
@@ -184,10 +179,10 @@ test('extend after expires_at has passed answers 409 inbox_expired', async () =>
   h.clock.advance(UNIT + 1);
   // Now exactly at the new expires_at: time has reached it, so the inbox is expired.
   const late = await extend(inbox);
-  assertError(late, 409, 'inbox_expired');
+  expectError(late, 409, 'inbox_expired');
   assert.equal(late.json.error.details, undefined);
   h.clock.advance(60);
-  assertError(await extend(inbox, { key: freshKey() }), 409, 'inbox_expired');
+  expectError(await extend(inbox, { key: freshKey() }), 409, 'inbox_expired');
   const status = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.owner });
   assert.equal(status.json.state, 'expired');
   assert.equal(Date.parse(status.json.expires_at), Date.parse(inbox.expires_at) + UNIT * 1000);
@@ -199,7 +194,7 @@ test('extend on a cancelled inbox answers 410 inbox_cancelled with details.reaso
   await h.container.resolve<InboxService>(TOKENS.InboxService).cancel(inbox.inbox_id);
   h.clock.advance(5);
   for (const token of [inbox.credentials.owner, inbox.credentials.reader]) {
-    const details = assertError(await extend(inbox, { token }), 410, 'inbox_cancelled');
+    const details = expectError(await extend(inbox, { token }), 410, 'inbox_cancelled');
     assert.equal(details.reason, 'abuse');
     assert.equal(details.cancelled_at, cancelledAt.toISOString());
   }
@@ -269,8 +264,8 @@ test('extend replay after the inbox expired still returns its stored 200; a new 
   assert.equal(replay.status, 200, replay.text);
   assert.equal(replay.headers.get('idempotent-replayed'), 'true');
   assert.deepEqual(replay.json, first.json);
-  assertError(await extend(inbox, { key: freshKey() }), 409, 'inbox_expired');
-  assertError(await extend(inbox), 409, 'inbox_expired');
+  expectError(await extend(inbox, { key: freshKey() }), 409, 'inbox_expired');
+  expectError(await extend(inbox), 409, 'inbox_expired');
 });
 
 test('extend keys are scoped to the inbox: the same key extends two inboxes', async () => {
@@ -306,6 +301,6 @@ test('extend with a query parameter answers 400 invalid_request naming it', asyn
   const response = await h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend?units=2`, {
     token: inbox.credentials.owner,
   });
-  assert.equal(assertError(response, 400, 'invalid_request').field, 'units');
+  assert.equal(expectError(response, 400, 'invalid_request').field, 'units');
   assert.equal(await expiresAt(inbox), Date.parse(inbox.expires_at));
 });

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import type { InboxService, ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { iso, plus } from '../support/assertions.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
@@ -13,10 +14,6 @@ before(async () => {
   h = await startHarness({ POLL_RATE_BURST: '100000', DOWNLOAD_RATE_BURST: '100000', QUOTA_BYTES: '200000' });
 });
 after(() => h.close());
-
-const iso = (date: Date) => date.toISOString();
-const plus = (isoTime: string, seconds: number) =>
-  new Date(Date.parse(isoTime) + seconds * 1000).toISOString();
 
 async function poll(inbox: ProvisionedInbox) {
   const response = await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, {

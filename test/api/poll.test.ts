@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { newMessageId } from '../../src/core/ids.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { expectError, iso, plus } from '../support/assertions.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
@@ -28,15 +29,6 @@ async function follow(inbox: ProvisionedInbox, url: string): Promise<ApiResponse
   const response = await h.api.get(url, { token: inbox.credentials.reader });
   assert.equal(response.status, 200, response.text);
   return response;
-}
-
-const iso = (date: Date) => date.toISOString();
-const plus = (isoTime: string, seconds: number) =>
-  new Date(Date.parse(isoTime) + seconds * 1000).toISOString();
-
-function assertError(response: ApiResponse, status: number, code: string): void {
-  assert.equal(response.status, status, response.text);
-  assert.equal(response.json.error.code, code, response.text);
 }
 
 test('poll lists a delivered message with every MessageSummary field taken from its delivery', async () => {
@@ -305,7 +297,7 @@ test('a limit outside 1 to 200 answers 400 out_of_bounds naming limit with min, 
     const response = await h.api.get(messagesPath(inbox, `?limit=${got}`), {
       token: inbox.credentials.reader,
     });
-    assertError(response, 400, 'out_of_bounds');
+    expectError(response, 400, 'out_of_bounds');
     assert.deepEqual(response.json.error.details, { field: 'limit', min: 1, max: 200, got });
   }
 });
@@ -316,7 +308,7 @@ test('a limit that is not an integer answers 400 invalid_request naming limit', 
     const response = await h.api.get(messagesPath(inbox, `?limit=${limit}`), {
       token: inbox.credentials.reader,
     });
-    assertError(response, 400, 'invalid_request');
+    expectError(response, 400, 'invalid_request');
     assert.equal(response.json.error.details.field, 'limit', `limit=${limit}`);
   }
 });
@@ -326,12 +318,12 @@ test('an unknown or repeated query parameter answers 400 invalid_request naming 
   const unknown = await h.api.get(messagesPath(inbox, '?since=2020-01-01'), {
     token: inbox.credentials.reader,
   });
-  assertError(unknown, 400, 'invalid_request');
+  expectError(unknown, 400, 'invalid_request');
   assert.equal(unknown.json.error.details.field, 'since');
   const repeated = await h.api.get(messagesPath(inbox, '?limit=1&limit=2'), {
     token: inbox.credentials.reader,
   });
-  assertError(repeated, 400, 'invalid_request');
+  expectError(repeated, 400, 'invalid_request');
   assert.equal(repeated.json.error.details.field, 'limit');
 });
 
@@ -355,7 +347,7 @@ test('a cursor that is malformed or was never issued answers 400 invalid_request
     const response = await h.api.get(messagesPath(inbox, `?cursor=${encodeURIComponent(cursor)}`), {
       token: inbox.credentials.reader,
     });
-    assertError(response, 400, 'invalid_request');
+    expectError(response, 400, 'invalid_request');
     assert.equal(response.json.error.details.field, 'cursor', `cursor ${cursor}`);
   }
   // The cursors the service did issue still work.
@@ -482,7 +474,7 @@ test('a 429 on poll does not move the cursor: the same URL after Retry-After ret
   assert.ok(spent, 'the poll bucket was never exhausted');
   const url = first.next_url;
   const refused = await h.api.get(url, { token: inbox.credentials.reader });
-  assertError(refused, 429, 'rate_limited');
+  expectError(refused, 429, 'rate_limited');
   const retryAfter = Number(refused.headers.get('retry-after'));
   assert.ok(Number.isInteger(retryAfter) && retryAfter >= 1);
   assert.equal(refused.json.error.details.retry_after_seconds, retryAfter);
@@ -505,7 +497,7 @@ test("poll with another inbox's credential answers 401 unauthorized", async () =
   const mine = await h.provision();
   const theirs = await h.provision();
   const response = await h.api.get(messagesPath(theirs), { token: mine.credentials.owner });
-  assertError(response, 401, 'unauthorized');
+  expectError(response, 401, 'unauthorized');
 });
 
 test('the owner credential polls the same listing as the reader', async () => {

@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
+import { expectError, INVALID_SENDER_DOMAINS, VALID_SENDER_DOMAINS } from '../support/assertions.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 const ID = /^[0-9a-hjkmnp-tv-z]{20}$/;
@@ -25,66 +26,6 @@ const freshKey = (): string => `provision-key-${process.pid}-${Date.now()}-${++k
 function provision(body: unknown, headers: Record<string, string> = {}): Promise<ApiResponse> {
   return h.api.post('/v1/inboxes', { body, headers });
 }
-
-function assertError(response: ApiResponse, status: number, code: string): Record<string, unknown> {
-  assert.equal(response.status, status, response.text);
-  assert.equal(response.json.error.code, code, response.text);
-  assert.equal(typeof response.json.error.message, 'string');
-  return response.json.error.details ?? {};
-}
-
-/** A name of exactly `length` characters: three 63-character labels and a last label of the rest. */
-const domainOfLength = (length: number): string =>
-  `${'a'.repeat(63)}.${'b'.repeat(63)}.${'c'.repeat(63)}.${'d'.repeat(length - 192)}`;
-
-/** [sent, stored] pairs of section 2's valid forms. */
-const VALID: [string, string][] = [
-  ['example.com', 'example.com'],
-  ['EXAMPLE.COM', 'example.com'],
-  ['Mail.Example.Org', 'mail.example.org'],
-  ['example.com.', 'example.com'],
-  ['xn--bcher-kva.example', 'xn--bcher-kva.example'],
-  ['XN--BCHER-KVA.example', 'xn--bcher-kva.example'],
-  ['a.co', 'a.co'],
-  ['my-host.example-domain.com', 'my-host.example-domain.com'],
-  ['123.example', '123.example'],
-  ['1.2.3.example', '1.2.3.example'],
-  [`${'a'.repeat(63)}.com`, `${'a'.repeat(63)}.com`],
-  [`example.${'b'.repeat(63)}`, `example.${'b'.repeat(63)}`],
-  [domainOfLength(254), domainOfLength(254)],
-];
-
-const INVALID: unknown[] = [
-  'localhost',
-  'com.',
-  '.',
-  '',
-  `${'a'.repeat(64)}.com`,
-  `example.${'b'.repeat(64)}`,
-  '-example.com',
-  'example-.com',
-  'mail.-example.com',
-  'example.com-',
-  'example.c',
-  domainOfLength(255),
-  '.example.com',
-  'example..com',
-  'example.com..',
-  'exa_mple.com',
-  'ex ample.com',
-  ' example.com',
-  'example.com ',
-  'bücher.example',
-  '*.example.com',
-  'user@example.com',
-  'example.com/path',
-  'http://example.com',
-  42,
-  null,
-  true,
-  {},
-  ['example.com'],
-];
 
 test('provision with {} answers 201 with a live inbox of one unit, 104857600 bytes and both credentials', async () => {
   const now = h.clock.now();
@@ -149,7 +90,7 @@ test('provision with sender_domains [] takes mail from anyone: the list is empty
 });
 
 test('provision accepts every domain name form of section 2 and stores it lowercased', async () => {
-  for (const [sent, stored] of VALID) {
+  for (const [sent, stored] of VALID_SENDER_DOMAINS) {
     const response = await provision({ sender_domains: [sent] });
     assert.equal(response.status, 201, `${JSON.stringify(sent)}: ${response.text}`);
     assert.deepEqual(response.json.sender_domains, [stored], JSON.stringify(sent));
@@ -157,23 +98,23 @@ test('provision accepts every domain name form of section 2 and stores it lowerc
 });
 
 test('provision with an entry that is not a domain name answers 400 invalid_request with details.field', async () => {
-  for (const entry of INVALID) {
+  for (const entry of INVALID_SENDER_DOMAINS) {
     const response = await provision({ sender_domains: ['fine.example', entry] });
-    const details = assertError(response, 400, 'invalid_request');
+    const details = expectError(response, 400, 'invalid_request');
     assert.match(String(details.field), /^sender_domains/, JSON.stringify(entry));
   }
 });
 
 test('provision with sender_domains that is not an array answers 400 invalid_request naming sender_domains', async () => {
   for (const value of ['example.com', null, 3, { 'example.com': true }]) {
-    const details = assertError(await provision({ sender_domains: value }), 400, 'invalid_request');
+    const details = expectError(await provision({ sender_domains: value }), 400, 'invalid_request');
     assert.equal(details.field, 'sender_domains', JSON.stringify(value));
   }
 });
 
 test('provision with more than 20 sender_domains answers 400 out_of_bounds with details.got', async () => {
   const domains = Array.from({ length: 21 }, (_, i) => `d${i}.example`);
-  const details = assertError(await provision({ sender_domains: domains }), 400, 'out_of_bounds');
+  const details = expectError(await provision({ sender_domains: domains }), 400, 'out_of_bounds');
   assert.equal(details.field, 'sender_domains');
   assert.equal(typeof details.min, 'number');
   assert.equal(details.max, 20);
@@ -182,7 +123,7 @@ test('provision with more than 20 sender_domains answers 400 out_of_bounds with 
 
 test('provision counts the entries sent, before deduplication, against the limit of 20', async () => {
   const domains = Array.from({ length: 25 }, () => 'same.example');
-  const details = assertError(await provision({ sender_domains: domains }), 400, 'out_of_bounds');
+  const details = expectError(await provision({ sender_domains: domains }), 400, 'out_of_bounds');
   assert.equal(details.got, 25);
 });
 
@@ -206,16 +147,16 @@ test('provision with a body that is not a JSON object answers 400 invalid_reques
     ['a blank body', '  \n'],
   ];
   for (const [what, body] of bodies) {
-    const details = assertError(await provision(body), 400, 'invalid_request');
+    const details = expectError(await provision(body), 400, 'invalid_request');
     assert.equal(typeof details.field, 'string', what);
   }
   const missing = await h.api.post('/v1/inboxes');
-  assertError(missing, 400, 'invalid_request');
+  expectError(missing, 400, 'invalid_request');
 });
 
 test('provision with an unknown field answers 400 invalid_request with details.field naming it', async () => {
   for (const field of ['quota_bytes', 'lifetime_seconds', 'sender_domain', 'credentials', 'foo']) {
-    const details = assertError(
+    const details = expectError(
       await provision({ sender_domains: ['example.com'], [field]: 1 }),
       400,
       'invalid_request',
@@ -226,7 +167,7 @@ test('provision with an unknown field answers 400 invalid_request with details.f
 
 test('provision with a query parameter answers 400 invalid_request naming it', async () => {
   const response = await h.api.post('/v1/inboxes?lifetime_seconds=7200', { body: {} });
-  assert.equal(assertError(response, 400, 'invalid_request').field, 'lifetime_seconds');
+  assert.equal(expectError(response, 400, 'invalid_request').field, 'lifetime_seconds');
 });
 
 test('provision naming an opted-out domain answers 409 sender_opted_out with details.field and details.domains', async () => {
@@ -234,7 +175,7 @@ test('provision naming an opted-out domain answers 409 sender_opted_out with det
   const response = await provision({
     sender_domains: ['fine.example', 'OptedOut-Provision.example'],
   });
-  const details = assertError(response, 409, 'sender_opted_out');
+  const details = expectError(response, 409, 'sender_opted_out');
   assert.equal(details.field, 'sender_domains');
   assert.deepEqual(details.domains, ['optedout-provision.example']);
 });
@@ -242,7 +183,7 @@ test('provision naming an opted-out domain answers 409 sender_opted_out with det
 test('provision naming a subdomain of an opted-out domain answers 409 sender_opted_out', async () => {
   await h.optOuts.add('optedout-parent.example', h.clock.now());
   const response = await provision({ sender_domains: ['mail.eu.optedout-parent.example'] });
-  const details = assertError(response, 409, 'sender_opted_out');
+  const details = expectError(response, 409, 'sender_opted_out');
   assert.deepEqual(details.domains, ['mail.eu.optedout-parent.example']);
 });
 
@@ -257,7 +198,7 @@ test('provision refused as sender_opted_out charges nothing: its Idempotency-Key
   await h.optOuts.add('optedout-key.example', h.clock.now());
   const key = freshKey();
   const refused = await provision({ sender_domains: ['optedout-key.example'] }, { 'idempotency-key': key });
-  assertError(refused, 409, 'sender_opted_out');
+  expectError(refused, 409, 'sender_opted_out');
   const accepted = await provision({ sender_domains: ['other.example'] }, { 'idempotency-key': key });
   assert.equal(accepted.status, 201, accepted.text);
   assert.equal(accepted.headers.get('idempotent-replayed'), null);
@@ -274,7 +215,7 @@ test('provision with a malformed Idempotency-Key answers 400 invalid_request wit
   ];
   for (const [what, key] of keys) {
     const response = await provision({}, { 'idempotency-key': key });
-    const details = assertError(response, 400, 'invalid_request');
+    const details = expectError(response, 400, 'invalid_request');
     assert.equal(details.field, 'Idempotency-Key', what);
   }
 });
@@ -324,7 +265,7 @@ test('provision replay returns the stored inbox even after one of its domains ha
   assert.equal(replay.headers.get('idempotent-replayed'), 'true');
   assert.deepEqual(replay.json, first.json);
   // Without the key the same body is a new, refused request.
-  assertError(await provision(body), 409, 'sender_opted_out');
+  expectError(await provision(body), 409, 'sender_opted_out');
 });
 
 test('concurrent provisions with one key create one inbox and replay it to the others', async () => {
@@ -346,7 +287,7 @@ test('provision replay after the inbox expired and was purged still returns the 
   assert.equal(first.status, 201, first.text);
   h.clock.advance(UNIT + h.config.purgeAfterSeconds + 60);
   const gone = await h.api.get(`/v1/inboxes/${first.json.inbox_id}`, { token: first.json.credentials.owner });
-  assertError(gone, 401, 'unauthorized');
+  expectError(gone, 401, 'unauthorized');
   const replay = await provision({}, { 'idempotency-key': key });
   assert.equal(replay.status, 201, replay.text);
   assert.equal(replay.headers.get('idempotent-replayed'), 'true');
@@ -363,7 +304,7 @@ test('provision reusing a key with a different body answers 409 idempotency_conf
     { sender_domains: ['one.example', 'x.example'] },
   ]) {
     const conflict = await provision(body, { 'idempotency-key': key });
-    const details = assertError(conflict, 409, 'idempotency_conflict');
+    const details = expectError(conflict, 409, 'idempotency_conflict');
     assert.equal(details.field, 'Idempotency-Key');
   }
   // The conflicts applied nothing: the key still replays the original.
@@ -522,7 +463,7 @@ describe('while provisioning is closed', () => {
     const bodies = new Set<string>();
     for (const [body, headers] of requests) {
       const response = await closed.api.post('/v1/inboxes', { body, headers });
-      assertError(response, 401, 'unauthorized');
+      expectError(response, 401, 'unauthorized');
       assert.equal(response.json.error.details, undefined);
       bodies.add(response.text);
     }
@@ -531,7 +472,7 @@ describe('while provisioning is closed', () => {
 
   test('provision with an inbox credential answers 401 unauthorized', async () => {
     const response = await closed.api.post('/v1/inboxes', { body: {}, token: `rmo_${'a'.repeat(32)}` });
-    assertError(response, 401, 'unauthorized');
+    expectError(response, 401, 'unauthorized');
   });
 
   test('health reports ENVIRONMENT prod', async () => {

@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { iso } from '../support/assertions.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 
 const MAX = 3;
@@ -14,8 +15,6 @@ before(async () => {
   h = await startHarness({ MAX_REJECTIONS: String(MAX), POLL_RATE_BURST: '100000' });
 });
 after(() => h.close());
-
-const iso = (date: Date) => date.toISOString();
 
 async function poll(inbox: ProvisionedInbox, query = '') {
   const response = await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages${query}`, {

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import type { InboxService, ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { expectError, INVALID_SENDER_DOMAINS, VALID_SENDER_DOMAINS } from '../support/assertions.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
@@ -23,47 +24,6 @@ async function listOf(inbox: ProvisionedInbox): Promise<string[]> {
   assert.equal(status.status, 200, status.text);
   return status.json.sender_domains;
 }
-
-function assertError(response: ApiResponse, status: number, code: string): Record<string, unknown> {
-  assert.equal(response.status, status, response.text);
-  assert.equal(response.json.error.code, code, response.text);
-  return response.json.error.details ?? {};
-}
-
-const domainOfLength = (length: number): string =>
-  `${'a'.repeat(63)}.${'b'.repeat(63)}.${'c'.repeat(63)}.${'d'.repeat(length - 192)}`;
-
-const VALID: [string, string][] = [
-  ['example.com', 'example.com'],
-  ['EXAMPLE.COM', 'example.com'],
-  ['Mail.Example.Org', 'mail.example.org'],
-  ['example.com.', 'example.com'],
-  ['xn--bcher-kva.example', 'xn--bcher-kva.example'],
-  ['a.co', 'a.co'],
-  ['my-host.example-domain.com', 'my-host.example-domain.com'],
-  ['1.2.3.example', '1.2.3.example'],
-  [`${'a'.repeat(63)}.com`, `${'a'.repeat(63)}.com`],
-  [`example.${'b'.repeat(63)}`, `example.${'b'.repeat(63)}`],
-  [domainOfLength(254), domainOfLength(254)],
-];
-
-const INVALID: unknown[] = [
-  'localhost',
-  'com.',
-  '',
-  `${'a'.repeat(64)}.com`,
-  '-example.com',
-  'example-.com',
-  'example.c',
-  domainOfLength(255),
-  'example..com',
-  'exa_mple.com',
-  'bücher.example',
-  '*.example.com',
-  'user@example.com',
-  42,
-  null,
-];
 
 test('set sender domains replaces the list and answers 200 with the inbox status', async () => {
   const inbox = await h.provision(['old.example']);
@@ -105,7 +65,7 @@ test('set sender domains repeated with the same list is harmless', async () => {
 
 test('set sender domains accepts every domain name form of section 2', async () => {
   const inbox = await h.provision();
-  for (const [sent, stored] of VALID) {
+  for (const [sent, stored] of VALID_SENDER_DOMAINS) {
     const response = await put(inbox, { sender_domains: [sent] });
     assert.equal(response.status, 200, `${JSON.stringify(sent)}: ${response.text}`);
     assert.deepEqual(response.json.sender_domains, [stored], JSON.stringify(sent));
@@ -114,9 +74,9 @@ test('set sender domains accepts every domain name form of section 2', async () 
 
 test('set sender domains with an entry that is not a domain name answers 400 invalid_request with details.field; the list is unchanged', async () => {
   const inbox = await h.provision(['kept.example']);
-  for (const entry of INVALID) {
+  for (const entry of INVALID_SENDER_DOMAINS) {
     const response = await put(inbox, { sender_domains: ['fine.example', entry] });
-    const details = assertError(response, 400, 'invalid_request');
+    const details = expectError(response, 400, 'invalid_request');
     assert.match(String(details.field), /^sender_domains/, JSON.stringify(entry));
   }
   assert.deepEqual(await listOf(inbox), ['kept.example']);
@@ -134,22 +94,22 @@ test('set sender domains with a body that is not a JSON object answers 400 inval
     '7',
     '',
   ]) {
-    const details = assertError(await put(inbox, body), 400, 'invalid_request');
+    const details = expectError(await put(inbox, body), 400, 'invalid_request');
     assert.equal(typeof details.field, 'string', body);
   }
   const missing = await h.api.put(`/v1/inboxes/${inbox.inbox_id}/sender-domains`, {
     token: inbox.credentials.owner,
   });
-  assertError(missing, 400, 'invalid_request');
+  expectError(missing, 400, 'invalid_request');
   assert.deepEqual(await listOf(inbox), ['kept.example']);
 });
 
 test('set sender domains without sender_domains answers 400 invalid_request naming sender_domains', async () => {
   const inbox = await h.provision(['kept.example']);
-  const details = assertError(await put(inbox, {}), 400, 'invalid_request');
+  const details = expectError(await put(inbox, {}), 400, 'invalid_request');
   assert.equal(details.field, 'sender_domains');
   for (const value of [null, 'a.example', { a: 1 }]) {
-    const wrongType = assertError(await put(inbox, { sender_domains: value }), 400, 'invalid_request');
+    const wrongType = expectError(await put(inbox, { sender_domains: value }), 400, 'invalid_request');
     assert.equal(wrongType.field, 'sender_domains', JSON.stringify(value));
   }
   assert.deepEqual(await listOf(inbox), ['kept.example']);
@@ -158,7 +118,7 @@ test('set sender domains without sender_domains answers 400 invalid_request nami
 test('set sender domains with an unknown field answers 400 invalid_request with details.field naming it', async () => {
   const inbox = await h.provision();
   for (const field of ['mode', 'add', 'sender_domain']) {
-    const details = assertError(
+    const details = expectError(
       await put(inbox, { sender_domains: ['a.example'], [field]: true }),
       400,
       'invalid_request',
@@ -171,13 +131,13 @@ test('set sender domains with an unknown field answers 400 invalid_request with 
 test('set sender domains with more than 20 domains answers 400 out_of_bounds (details.got is the count sent)', async () => {
   const inbox = await h.provision(['kept.example']);
   const distinct = Array.from({ length: 21 }, (_, i) => `d${i}.example`);
-  const details = assertError(await put(inbox, { sender_domains: distinct }), 400, 'out_of_bounds');
+  const details = expectError(await put(inbox, { sender_domains: distinct }), 400, 'out_of_bounds');
   assert.equal(details.field, 'sender_domains');
   assert.equal(typeof details.min, 'number');
   assert.equal(details.max, 20);
   assert.equal(details.got, 21);
   const repeated = Array.from({ length: 30 }, () => 'same.example');
-  assert.equal(assertError(await put(inbox, { sender_domains: repeated }), 400, 'out_of_bounds').got, 30);
+  assert.equal(expectError(await put(inbox, { sender_domains: repeated }), 400, 'out_of_bounds').got, 30);
   assert.deepEqual(await listOf(inbox), ['kept.example']);
   const twenty = await put(inbox, { sender_domains: distinct.slice(0, 20) });
   assert.equal(twenty.status, 200, twenty.text);
@@ -198,7 +158,7 @@ test('set sender domains with a credential problem answers 401 unauthorized', as
       body: { sender_domains: ['evil.example'] },
       ...(token ? { token } : {}),
     });
-    assertError(response, 401, 'unauthorized');
+    expectError(response, 401, 'unauthorized');
   }
   assert.deepEqual(await listOf(inbox), ['kept.example']);
   assert.deepEqual(await listOf(other), []);
@@ -207,7 +167,7 @@ test('set sender domains with a credential problem answers 401 unauthorized', as
 test('set sender domains with the reader credential answers 403 forbidden', async () => {
   const inbox = await h.provision(['kept.example']);
   const response = await put(inbox, { sender_domains: ['other.example'] }, inbox.credentials.reader);
-  assertError(response, 403, 'forbidden');
+  expectError(response, 403, 'forbidden');
   assert.equal(response.json.error.details, undefined);
   assert.deepEqual(await listOf(inbox), ['kept.example']);
 });
@@ -217,7 +177,7 @@ test('set sender domains after expires_at has passed answers 409 inbox_expired',
   h.clock.advance(3600);
   assert.equal(h.clock.now().toISOString(), inbox.expires_at);
   const response = await put(inbox, { sender_domains: ['other.example'] });
-  assertError(response, 409, 'inbox_expired');
+  expectError(response, 409, 'inbox_expired');
   assert.equal(response.json.error.details, undefined);
   assert.deepEqual(await listOf(inbox), ['kept.example']);
 });
@@ -226,7 +186,7 @@ test('set sender domains naming an opted-out domain answers 409 sender_opted_out
   await h.optOuts.add('optedout-put.example', h.clock.now());
   const inbox = await h.provision(['kept.example']);
   const response = await put(inbox, { sender_domains: ['fine.example', 'OPTEDOUT-PUT.example.'] });
-  const details = assertError(response, 409, 'sender_opted_out');
+  const details = expectError(response, 409, 'sender_opted_out');
   assert.equal(details.field, 'sender_domains');
   assert.deepEqual(details.domains, ['optedout-put.example']);
   assert.deepEqual(await listOf(inbox), ['kept.example']);
@@ -239,7 +199,7 @@ test('set sender domains lists every refused entry in details.domains', async ()
   const response = await put(inbox, {
     sender_domains: ['mail.optedout-two.example', 'fine.example', 'optedout-one.example'],
   });
-  const details = assertError(response, 409, 'sender_opted_out');
+  const details = expectError(response, 409, 'sender_opted_out');
   assert.deepEqual([...(details.domains as string[])].sort(), [
     'mail.optedout-two.example',
     'optedout-one.example',
@@ -249,7 +209,7 @@ test('set sender domains lists every refused entry in details.domains', async ()
 test('set sender domains naming a subdomain of an opted-out domain answers 409 sender_opted_out', async () => {
   await h.optOuts.add('optedout-sub.example', h.clock.now());
   const inbox = await h.provision();
-  const details = assertError(
+  const details = expectError(
     await put(inbox, { sender_domains: ['a.b.optedout-sub.example'] }),
     409,
     'sender_opted_out',
@@ -270,7 +230,7 @@ test('set sender domains on a cancelled inbox answers 410 inbox_cancelled', asyn
   const cancelledAt = h.clock.now();
   await h.container.resolve<InboxService>(TOKENS.InboxService).cancel(inbox.inbox_id);
   for (const token of [inbox.credentials.owner, inbox.credentials.reader]) {
-    const details = assertError(await put(inbox, { sender_domains: [] }, token), 410, 'inbox_cancelled');
+    const details = expectError(await put(inbox, { sender_domains: [] }, token), 410, 'inbox_cancelled');
     assert.equal(details.reason, 'abuse');
     assert.equal(details.cancelled_at, cancelledAt.toISOString());
   }
@@ -282,6 +242,6 @@ test('set sender domains with a query parameter answers 400 invalid_request nami
     token: inbox.credentials.owner,
     body: { sender_domains: ['a.example'] },
   });
-  assert.equal(assertError(response, 400, 'invalid_request').field, 'append');
+  assert.equal(expectError(response, 400, 'invalid_request').field, 'append');
   assert.deepEqual(await listOf(inbox), []);
 });

@@ -7,6 +7,7 @@ import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import { newMessageId } from '../../src/core/ids.ts';
 import type { InboxService, ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { expectError } from '../support/assertions.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 const QUOTA = 104857600;
@@ -40,12 +41,6 @@ async function reserve(inbox: ProvisionedInbox, sizeBytes: number): Promise<void
     now: h.clock.now(),
   });
   assert.equal(result, 'reserved');
-}
-
-function assertError(response: ApiResponse, status: number, code: string): Record<string, unknown> {
-  assert.equal(response.status, status, response.text);
-  assert.equal(response.json.error.code, code, response.text);
-  return response.json.error.details ?? {};
 }
 
 const message = (bytes: number): string => {
@@ -193,7 +188,7 @@ test('status after the purge answers 401 unauthorized for both credentials', asy
   h.clock.advance(1);
   for (const token of [inbox.credentials.owner, inbox.credentials.reader]) {
     const response = await status(inbox, token);
-    assertError(response, 401, 'unauthorized');
+    expectError(response, 401, 'unauthorized');
     assert.equal(response.json.error.details, undefined);
   }
 });
@@ -209,11 +204,11 @@ test('status with a credential problem answers 401 unauthorized', async () => {
     other.credentials.reader,
   ]) {
     const response = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, token ? { token } : {});
-    assertError(response, 401, 'unauthorized');
+    expectError(response, 401, 'unauthorized');
   }
   // A valid credential on an id that is not its inbox's, well-formed or not, is the same 401.
   for (const id of ['0'.repeat(20), 'not-an-inbox-id', inbox.inbox_id.toUpperCase()]) {
-    assertError(
+    expectError(
       await h.api.get(`/v1/inboxes/${id}`, { token: inbox.credentials.owner }),
       401,
       'unauthorized',
@@ -227,7 +222,7 @@ test('status on a cancelled inbox answers 410 inbox_cancelled with details.reaso
   await h.container.resolve<InboxService>(TOKENS.InboxService).cancel(inbox.inbox_id);
   h.clock.advance(1);
   for (const token of [inbox.credentials.owner, inbox.credentials.reader]) {
-    const details = assertError(await status(inbox, token), 410, 'inbox_cancelled');
+    const details = expectError(await status(inbox, token), 410, 'inbox_cancelled');
     assert.deepEqual(details, { reason: 'abuse', cancelled_at: cancelledAt.toISOString() });
   }
 });
@@ -237,7 +232,7 @@ test('status with a query parameter answers 400 invalid_request naming it', asyn
   const response = await h.api.get(`/v1/inboxes/${inbox.inbox_id}?verbose=1`, {
     token: inbox.credentials.reader,
   });
-  assert.equal(assertError(response, 400, 'invalid_request').field, 'verbose');
+  assert.equal(expectError(response, 400, 'invalid_request').field, 'verbose');
 });
 
 test('status reflects an extend and a new sender_domains list', async () => {
