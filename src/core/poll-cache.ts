@@ -17,8 +17,8 @@ export interface CachedPage {
   version: number;
   /** Epoch milliseconds; the page is stale from this instant on. */
   validUntil: number;
-  messages: MessageSummary[];
-  rejections: RejectionEvent[];
+  messages: readonly MessageSummary[];
+  rejections: readonly RejectionEvent[];
   nextPosition: number;
   hasMore: boolean;
 }
@@ -51,6 +51,9 @@ export class PollCache {
       const oldest = this.#pages.keys().next().value;
       if (oldest !== undefined) this.#pages.delete(oldest);
     }
+    // Frozen: every poll served from this page shares these arrays (and http/poll-body.ts their JSON).
+    Object.freeze(page.messages);
+    Object.freeze(page.rejections);
     this.#pages.set(key, page);
   }
 }

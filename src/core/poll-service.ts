@@ -46,8 +46,8 @@ export interface RejectionEvent {
 export interface PollResponse {
   inbox: InboxStatus;
   server_time: string;
-  messages: MessageSummary[];
-  rejections: RejectionEvent[];
+  messages: readonly MessageSummary[];
+  rejections: readonly RejectionEvent[];
   next_cursor: string;
   next_url: string;
   has_more: boolean;

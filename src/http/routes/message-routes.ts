@@ -7,6 +7,7 @@ import { decodeCursor } from '../../core/cursor.ts';
 import { messageNotFound } from '../../core/download-service.ts';
 import { invalidRequest } from '../../core/errors.ts';
 import { MESSAGE_ID } from '../../core/ids.ts';
+import { pollBody } from '../poll-body.ts';
 import { integerParameter, queryParameters } from '../request.ts';
 import type { HttpServices } from '../services.ts';
 import { inboxRoute } from './inbox-route.ts';
@@ -29,7 +30,8 @@ export function registerMessageRoutes(router: Router, services: HttpServices): v
       },
       async (caller, { after, limit }, ctx, usage) => {
         if (!usage) throw new Error('poll admitted without usage');
-        ctx.body = await polls.poll(caller, after, limit, usage);
+        ctx.type = 'application/json';
+        ctx.body = pollBody(await polls.poll(caller, after, limit, usage));
       },
     ),
   );
