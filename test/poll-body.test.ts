@@ -18,7 +18,9 @@ const response = (messages: PollResponse['messages']): PollResponse => ({
   },
   server_time: '2026-11-21T10:30:00.000Z',
   messages,
-  rejections: Object.freeze([{ at: 'x', envelope_from: 'a"b@c', reason: 'quota', sender_domain: null, size_bytes: 1 }]),
+  rejections: Object.freeze([
+    { at: 'x', envelope_from: 'a"b@c', reason: 'quota', sender_domain: null, size_bytes: 1 },
+  ]),
   next_cursor: '1.5',
   next_url: 'http://h/v1/inboxes/x/messages?cursor=1.5&limit=50',
   has_more: false,
