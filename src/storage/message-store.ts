@@ -11,6 +11,7 @@ import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } 
 import { parseBinaryCopy } from './copy-binary.ts';
 import type { Database } from './database.ts';
 import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
+import { USAGE_WHERE } from './usage.ts';
 
 /** Bytes per stored chunk: bounds memory per delivery and per download (DESIGN decision 7). */
 export const CHUNK_BYTES = 256 * 1024;
@@ -80,7 +81,7 @@ export class PgMessageStore implements MessageStore {
       if (existing.rowCount) return 'exists';
       const used = await client.query<{ used: number }>(
         `SELECT coalesce(sum(size_bytes), 0)::int8 AS used FROM messages
-         WHERE inbox_id = $1 AND deleted_at IS NULL AND (delete_after IS NULL OR delete_after > $2)`,
+         WHERE ${USAGE_WHERE('$1', '$2::timestamptz')}`,
         [r.inboxId, r.now],
       );
       if ((used.rows[0]?.used ?? 0) + r.sizeBytes > quota) return 'over_quota';
@@ -329,27 +330,15 @@ function bumpingVersion(update: string): string {
 
 /** A listed message: stored, with the fields a poll presents (not its content's size or hash). */
 function listedMessage(inboxId: string, row: EventRow): MessageRecord {
-  return {
-    inboxId,
-    messageId: row.message_id,
+  return toMessage({
+    ...row,
+    inbox_id: inboxId,
     state: 'stored',
-    sizeBytes: row.size_bytes,
-    chunkBytes: null,
+    chunk_bytes: null,
     sha256: null,
-    envelopeFrom: row.envelope_from,
-    fromName: row.from_name,
-    fromAddress: row.from_address,
-    subject: row.subject,
-    internetMessageId: row.internet_message_id,
-    authentication: row.authentication,
-    receivedAt: row.received_at,
-    position: row.position,
-    listedAt: row.listed_at,
-    downloadedAt: row.downloaded_at,
-    deleteAfter: row.delete_after,
-    deletedAt: null,
-    deletedReason: null,
-  };
+    deleted_at: null,
+    deleted_reason: null,
+  });
 }
 
 /** Re-cuts the incoming stream into CHUNK_BYTES pieces and inserts each as it fills. */
@@ -360,8 +349,8 @@ async function writeChunks(
   body: AsyncIterable<Buffer>,
 ): Promise<{ size: number; sha256: Buffer }> {
   const hash = createHash('sha256');
-  let pending: Buffer[] = [];
-  let pendingBytes = 0;
+  let chunk = Buffer.allocUnsafe(CHUNK_BYTES);
+  let filled = 0;
   let seq = 0;
   let size = 0;
   const flush = async (bytes: Buffer): Promise<void> => {
@@ -374,16 +363,18 @@ async function writeChunks(
   for await (const piece of body) {
     hash.update(piece);
     size += piece.length;
-    pending.push(piece);
-    pendingBytes += piece.length;
-    while (pendingBytes >= CHUNK_BYTES) {
-      const all = Buffer.concat(pending, pendingBytes);
-      await flush(all.subarray(0, CHUNK_BYTES));
-      const rest = all.subarray(CHUNK_BYTES);
-      pending = rest.length > 0 ? [rest] : [];
-      pendingBytes = rest.length;
+    // Each byte is copied once into the chunk being filled, whatever the sizes of the pieces.
+    for (let offset = 0; offset < piece.length; ) {
+      const copied = piece.copy(chunk, filled, offset, Math.min(piece.length, offset + CHUNK_BYTES - filled));
+      offset += copied;
+      filled += copied;
+      if (filled === CHUNK_BYTES) {
+        await flush(chunk);
+        chunk = Buffer.allocUnsafe(CHUNK_BYTES);
+        filled = 0;
+      }
     }
   }
-  if (pendingBytes > 0) await flush(Buffer.concat(pending, pendingBytes));
+  if (filled > 0) await flush(chunk.subarray(0, filled));
   return { size, sha256: hash.digest() };
 }
