@@ -11,6 +11,7 @@
  * A page whose poll wrote something (a first listing) is not kept: its version stamp would be unknown.
  * Usage and the inbox status are never cached; they come with the credential lookup.
  */
+import { BoundedMap } from './bounded-map.ts';
 import type { MessageSummary, RejectionEvent } from './poll-service.ts';
 
 export interface CachedPage {
@@ -24,12 +25,11 @@ export interface CachedPage {
 }
 
 export class PollCache {
-  readonly #pages = new Map<string, CachedPage>();
-  readonly #maxPages: number;
+  readonly #pages: BoundedMap<string, CachedPage>;
 
   /** At most `maxPages` pages (a 20-message page is about 10 KB), the oldest dropped first. */
   constructor(maxPages = 2000) {
-    this.#maxPages = maxPages;
+    this.#pages = new BoundedMap(maxPages);
   }
 
   static key(inboxId: string, afterPosition: number, limit: number): string {
@@ -45,12 +45,6 @@ export class PollCache {
   }
 
   set(key: string, page: CachedPage): void {
-    if (this.#maxPages === 0) return;
-    this.#pages.delete(key);
-    if (this.#pages.size >= this.#maxPages) {
-      const oldest = this.#pages.keys().next().value;
-      if (oldest !== undefined) this.#pages.delete(oldest);
-    }
     // Frozen: every poll served from this page shares these arrays (and http/poll-body.ts their JSON).
     Object.freeze(page.messages);
     Object.freeze(page.rejections);

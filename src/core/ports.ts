@@ -50,7 +50,6 @@ export interface InboxStore {
   ): Promise<{ created: true } | { created: false; existing: StoredProvision }>;
   /** The record stored for a provision key, unless forgotten (created before `forgetBefore`). Reads only. */
   findProvision(keyHash: Buffer, forgetBefore: Date): Promise<StoredProvision | undefined>;
-  findById(inboxId: string): Promise<InboxRecord | undefined>;
   /** Messages held at `asOf`: in flight, stored and downloaded ones not yet deleted at that instant. */
   usage(inboxId: string, asOf: Date): Promise<Usage>;
   /**

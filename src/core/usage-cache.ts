@@ -8,6 +8,7 @@
  * inbox is live. An entry is offered only before that instant; the store recomputes whenever the
  * version read with the credential differs from the entry's.
  */
+import { BoundedMap } from './bounded-map.ts';
 import type { Usage } from './model.ts';
 
 interface Entry {
@@ -17,11 +18,10 @@ interface Entry {
 }
 
 export class UsageCache {
-  readonly #entries = new Map<string, Entry>();
-  readonly #maxEntries: number;
+  readonly #entries: BoundedMap<string, Entry>;
 
   constructor(maxEntries = 20000) {
-    this.#maxEntries = maxEntries;
+    this.#entries = new BoundedMap(maxEntries);
   }
 
   /** The entry for an inbox if time has not moved it; the caller still compares versions. */
@@ -45,14 +45,8 @@ export class UsageCache {
     expiresAt: Date,
     asOf: Date,
   ): void {
-    if (this.#maxEntries === 0) return;
     let validUntil = changesAt ? changesAt.getTime() : Number.MAX_SAFE_INTEGER;
     if (asOf.getTime() < expiresAt.getTime()) validUntil = Math.min(validUntil, expiresAt.getTime());
-    this.#entries.delete(inboxId);
-    if (this.#entries.size >= this.#maxEntries) {
-      const oldest = this.#entries.keys().next().value;
-      if (oldest !== undefined) this.#entries.delete(oldest);
-    }
     this.#entries.set(inboxId, { version, usage, validUntil });
   }
 }

@@ -71,15 +71,6 @@ export class PgInboxStore implements InboxStore {
     return row ? { requestHash: row.request_hash, sealedResponse: row.sealed_response } : undefined;
   }
 
-  async findById(inboxId: string): Promise<InboxRecord | undefined> {
-    const [row] = await this.#db.rows<InboxRow>(
-      'inbox-by-id',
-      `SELECT ${INBOX_COLUMNS} FROM inboxes i WHERE i.inbox_id = $1`,
-      [inboxId],
-    );
-    return row ? toInbox(row) : undefined;
-  }
-
   async usage(inboxId: string, asOf: Date, on?: Queryable): Promise<Usage> {
     const [row] = await this.#db.rows<{ message_count: number; quota_used_bytes: number }>(
       'inbox-usage',

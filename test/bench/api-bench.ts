@@ -286,43 +286,21 @@ async function main(): Promise<void> {
     const base = median(runs.yardstick);
     const results = { poll: median(runs.poll), status: median(runs.status), download: median(runs.download) };
     const fmt = (n: number, d = 0) => n.toFixed(d);
+    const row = (name: string, r: Result, target: string, met: boolean) => [
+      name,
+      fmt(r.rps),
+      fmt(r.rps / base.rps, 2),
+      fmt(r.p99ms, 1),
+      target,
+      target ? pass(met) : '',
+      String(r.failures),
+    ];
+    const { poll: p, status: s, download: d } = results;
     const rows = [
-      [
-        'yardstick (Koa + SELECT 1)',
-        fmt(base.rps),
-        '1.00',
-        fmt(base.p99ms, 1),
-        '',
-        '',
-        String(base.failures),
-      ],
-      [
-        'poll (limit 50, 20 messages)',
-        fmt(results.poll.rps),
-        fmt(results.poll.rps / base.rps, 2),
-        fmt(results.poll.p99ms, 1),
-        '>= 0.20, p99 < 25 ms',
-        pass(results.poll.rps / base.rps >= 0.2 && results.poll.p99ms < 25),
-        String(results.poll.failures),
-      ],
-      [
-        'status',
-        fmt(results.status.rps),
-        fmt(results.status.rps / base.rps, 2),
-        fmt(results.status.p99ms, 1),
-        '>= 0.33, p99 < 25 ms',
-        pass(results.status.rps / base.rps >= 0.33 && results.status.p99ms < 25),
-        String(results.status.failures),
-      ],
-      [
-        'download 1 MiB',
-        fmt(results.download.rps),
-        fmt(results.download.rps / base.rps, 2),
-        fmt(results.download.p99ms, 1),
-        `${fmt(results.download.mbps)} MB/s >= 200 MB/s`,
-        pass(results.download.mbps >= 200),
-        String(results.download.failures),
-      ],
+      row('yardstick (Koa + SELECT 1)', base, '', true),
+      row('poll (limit 50, 20 messages)', p, '>= 0.20, p99 < 25 ms', p.rps / base.rps >= 0.2 && p.p99ms < 25),
+      row('status', s, '>= 0.33, p99 < 25 ms', s.rps / base.rps >= 0.33 && s.p99ms < 25),
+      row('download 1 MiB', d, `${fmt(d.mbps)} MB/s >= 200 MB/s`, d.mbps >= 200),
     ];
     const header = ['endpoint', 'req/s', 'ratio', 'p99 ms', 'target', 'met', 'failed requests'];
     process.stdout.write(
