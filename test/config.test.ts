@@ -47,9 +47,44 @@ test('with an empty environment every variable takes its dev default', () => {
     pollRatePerSecond: 0.5,
     downloadRateBurst: 100,
     downloadRatePerSecond: 2,
+    smtpHost: '127.0.0.1',
+    smtpPort: 2525,
+    policyListen: { host: '127.0.0.1', port: 10040 },
+    milterListen: { host: '127.0.0.1', port: 10041 },
+    lmtpListen: { host: '127.0.0.1', port: 10042 },
+    authservId: 'mx.localhost',
+    dnsServers: [],
+    requirePtr: true,
+    maxMessageBytes: 26214400,
   };
   assert.deepEqual(loadConfig({}), expected);
   assert.deepEqual(loadConfig({ ENVIRONMENT: 'dev' }), expected);
+});
+
+test('the mail-side listeners take a port, host:port or a socket path', () => {
+  const config = loadConfig({
+    POLICY_PORT: '9998',
+    MILTER_PORT: '0.0.0.0:8891',
+    LMTP_PORT: '/run/inbox/lmtp.sock',
+    DNS_SERVERS: '127.0.0.88, ::1',
+    REQUIRE_PTR: 'false',
+  });
+  assert.deepEqual(config.policyListen, { host: '127.0.0.1', port: 9998 });
+  assert.deepEqual(config.milterListen, { host: '0.0.0.0', port: 8891 });
+  assert.deepEqual(config.lmtpListen, { path: '/run/inbox/lmtp.sock' });
+  assert.deepEqual(config.dnsServers, ['127.0.0.88', '::1']);
+  assert.equal(config.requirePtr, false);
+  for (const [variable, value] of [
+    ['LMTP_PORT', 'relative/path.sock'],
+    ['POLICY_PORT', '70000'],
+    ['DNS_SERVERS', 'dns.example'],
+    ['REQUIRE_PTR', 'maybe'],
+  ] as const) {
+    assert.throws(
+      () => loadConfig({ [variable]: value }),
+      (e) => e instanceof ConfigError && e.variable === variable,
+    );
+  }
 });
 
 test('an empty value counts as unset', () => {

@@ -34,6 +34,27 @@ export interface Config {
   pollRatePerSecond: number;
   downloadRateBurst: number;
   downloadRatePerSecond: number;
+  /** Where our private Postfix instance listens for SMTP (`make run`). */
+  smtpHost: string;
+  smtpPort: number;
+  /** Each is `host:port` or an absolute unix socket path. */
+  policyListen: Listen;
+  milterListen: Listen;
+  lmtpListen: Listen;
+  /** The authserv-id of our Authentication-Results field (RFC 8601); default the MX host name. */
+  authservId: string;
+  /** Resolvers for the PTR check and mailauth; empty: the system's. */
+  dnsServers: string[];
+  requirePtr: boolean;
+  /** The largest message accepted, counted as the sender sent it (contract section 8). */
+  maxMessageBytes: number;
+}
+
+/** A TCP address on this host, or a unix socket path. */
+export type Listen = { host: string; port: number } | { path: string };
+
+export function describeListen(listen: Listen): string {
+  return 'path' in listen ? `unix:${listen.path}` : `inet:${listen.host}:${listen.port}`;
 }
 
 export class ConfigError extends Error {
@@ -99,6 +120,44 @@ function url(env: Env, name: string, fallback: string): string {
   return raw.replace(/\/+$/, '');
 }
 
+function port(env: Env, name: string, fallback: number): number {
+  const value = integer(env, name, fallback, true);
+  if (value > 65535) throw new ConfigError(name, `must be a port number (got "${value}")`);
+  return value;
+}
+
+/** `PORT`, `HOST:PORT` or an absolute unix socket path; a bare port listens on 127.0.0.1. */
+function listen(env: Env, name: string, fallback: number): Listen {
+  const raw = text(env, name, String(fallback));
+  if (raw.startsWith('/')) return { path: raw };
+  const match = /^(?:(\[[0-9a-f:.]+\]|[^:]+):)?(\d{1,5})$/i.exec(raw);
+  const portNumber = Number(match?.[2]);
+  if (!match || portNumber > 65535) {
+    throw new ConfigError(name, `must be a port, host:port or an absolute socket path (got "${raw}")`);
+  }
+  return { host: (match[1] ?? '127.0.0.1').replace(/^\[|\]$/g, ''), port: portNumber };
+}
+
+function bool(env: Env, name: string, fallback: boolean): boolean {
+  const raw = text(env, name, String(fallback)).toLowerCase();
+  if (['true', '1', 'yes'].includes(raw)) return true;
+  if (['false', '0', 'no'].includes(raw)) return false;
+  throw new ConfigError(name, `must be true or false (got "${raw}")`);
+}
+
+function dnsServers(raw: string): string[] {
+  const servers = raw
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
+  for (const server of servers) {
+    if (!/^[0-9a-f:.[\]]+$/i.test(server)) {
+      throw new ConfigError('DNS_SERVERS', `must be comma-separated IP addresses (got "${raw}")`);
+    }
+  }
+  return servers;
+}
+
 const DOMAIN = /^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
 
 /** Reads and checks the environment. Throws ConfigError naming the first bad variable. */
@@ -147,6 +206,15 @@ export function loadConfig(env: Env = process.env): Config {
     pollRatePerSecond: rate(env, 'POLL_RATE_PER_SECOND', 0.5),
     downloadRateBurst: integer(env, 'DOWNLOAD_RATE_BURST', 100),
     downloadRatePerSecond: rate(env, 'DOWNLOAD_RATE_PER_SECOND', 2),
+    smtpHost: text(env, 'SMTP_HOST', '127.0.0.1'),
+    smtpPort: port(env, 'SMTP_PORT', 2525),
+    policyListen: listen(env, 'POLICY_PORT', 10040),
+    milterListen: listen(env, 'MILTER_PORT', 10041),
+    lmtpListen: listen(env, 'LMTP_PORT', 10042),
+    authservId: text(env, 'AUTHSERV_ID', `mx.${mailDomain}`).toLowerCase(),
+    dnsServers: text(env, 'DNS_SERVERS', '-') === '-' ? [] : dnsServers(env.DNS_SERVERS as string),
+    requirePtr: bool(env, 'REQUIRE_PTR', true),
+    maxMessageBytes: integer(env, 'MAX_MESSAGE_BYTES', 26214400),
   };
   return config;
 }
