@@ -21,6 +21,14 @@ export class OptOuts {
     return domains.filter((domain) => domainAndParents(domain).some((name) => optedOut.has(name)));
   }
 
+  /** The registered opt-out that covers a sender's domain (the domain itself or a parent), or null. */
+  async coveringEntry(domain: string): Promise<string | null> {
+    const names = domainAndParents(domain.toLowerCase());
+    if (names.length === 0) return null;
+    const optedOut = new Set(await this.#store.findOptedOut(names));
+    return names.find((name) => optedOut.has(name)) ?? null;
+  }
+
   /** Throws 409 sender_opted_out naming the refused entries. */
   async assertAllowed(domains: string[]): Promise<void> {
     const refused = await this.refused(domains);

@@ -65,8 +65,18 @@ export interface InboxStore {
   ): Promise<{ kind: 'extended' | 'replayed'; response: unknown } | { kind: 'expired' }>;
   /** Replaces the list unless the inbox has expired. */
   setSenderDomains(inboxId: string, domains: string[], now: Date): Promise<InboxRecord | 'expired'>;
+  /**
+   * The inbox a delivery is for, with the bytes its quota holds at `asOf` (in flight, stored and
+   * downloaded messages not yet deleted), read together. Reads only.
+   */
+  findForDelivery(inboxId: string, asOf: Date): Promise<DeliveryTarget | undefined>;
   /** Marks the inbox cancelled and deletes its messages; returns false for an unknown inbox. */
   cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined>;
+}
+
+export interface DeliveryTarget {
+  inbox: InboxRecord;
+  usedBytes: number;
 }
 
 export interface OptOutStore {
@@ -173,6 +183,14 @@ export interface MessageStore {
    */
   reserve(reservation: Reservation): Promise<'reserved' | 'exists' | 'over_quota'>;
   /**
+   * Reserves one message in every inbox, all or nothing: inboxes are locked in id order, and if any
+   * reservation does not fit, none is made and the inboxes that are full are returned. A queue id
+   * already reserved in an inbox counts as reserved there.
+   */
+  reserveAll(
+    reservations: Reservation[],
+  ): Promise<{ kind: 'reserved' } | { kind: 'over_quota'; inboxIds: string[] }>;
+  /**
    * Streams the body into chunks and makes the message visible at the next event position, all in one
    * transaction. A queue id already stored for this inbox is a 'duplicate' and stores nothing.
    * The body iterable is consumed exactly once, chunk by chunk; memory is bounded by the chunk size.
@@ -202,3 +220,33 @@ export interface MessageStore {
 }
 
 export type { Caller };
+
+/** The reverse DNS of a client address: any PTR record is enough (contract section 4). */
+export interface ReverseDns {
+  /** 'none' for NXDOMAIN or no PTR data; 'unavailable' for a timeout or server failure. */
+  lookup(address: string): Promise<'found' | 'none' | 'unavailable'>;
+}
+
+/** What the receiving server concluded about a message's origin (mailauth's verdict, summarized). */
+export interface AuthVerdict {
+  /** The `From:` domain DMARC was evaluated for; null when the header has no single domain. */
+  fromDomain: string | null;
+  dmarc: { result: string; policy: string | null };
+  /** A DKIM signature aligned with `From:` passed. */
+  alignedDkimPass: boolean;
+  /** Our Authentication-Results field's value, starting with the authserv-id, folds as CRLF + space. */
+  headerValue: string;
+}
+
+export interface AuthenticationRequest {
+  /** The message as the sender sent it (headers and body, CRLF), consumed once. */
+  message: AsyncIterable<Buffer>;
+  clientAddress: string;
+  helo: string | null;
+  envelopeFrom: string;
+}
+
+export interface Authenticator {
+  /** DKIM, SPF and DMARC for one message. DNS failures become temperror results, never exceptions. */
+  authenticate(request: AuthenticationRequest): Promise<AuthVerdict>;
+}

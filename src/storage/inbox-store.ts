@@ -2,7 +2,7 @@
  * inbox-store - Postgres implementation of the core's InboxStore port.
  */
 import type { InboxRecord, Usage } from '../core/model.ts';
-import type { InboxStore, NewInbox, ProvisionClaim, StoredProvision } from '../core/ports.ts';
+import type { DeliveryTarget, InboxStore, NewInbox, ProvisionClaim, StoredProvision } from '../core/ports.ts';
 import type { Database, Queryable } from './database.ts';
 import { INBOX_COLUMNS, type InboxRow, toInbox } from './rows.ts';
 import { USAGE_WHERE } from './usage.ts';
@@ -124,6 +124,18 @@ export class PgInboxStore implements InboxStore {
       [inboxId, domains, now],
     );
     return row ? toInbox(row) : 'expired';
+  }
+
+  async findForDelivery(inboxId: string, asOf: Date): Promise<DeliveryTarget | undefined> {
+    const [row] = await this.#db.rows<InboxRow & { used_bytes: number }>(
+      'inbox-for-delivery',
+      `SELECT ${INBOX_COLUMNS},
+         (SELECT coalesce(sum(size_bytes), 0)::int8 FROM messages WHERE ${USAGE_WHERE('$1', '$2::timestamptz')})
+           AS used_bytes
+       FROM inboxes i WHERE i.inbox_id = $1`,
+      [inboxId, asOf],
+    );
+    return row ? { inbox: toInbox(row), usedBytes: row.used_bytes } : undefined;
   }
 
   async cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined> {

@@ -66,34 +66,28 @@ export class PgMessageStore implements MessageStore {
   }
 
   async reserve(r: Reservation): Promise<'reserved' | 'exists' | 'over_quota'> {
-    return this.#db.transaction(async (client) => {
-      // The inbox row lock makes check-and-reserve atomic: concurrent deliveries cannot overfill.
-      const inbox = await client.query<{ quota_bytes: number }>(
-        'SELECT quota_bytes FROM inboxes WHERE inbox_id = $1 FOR UPDATE',
-        [r.inboxId],
-      );
-      const quota = inbox.rows[0]?.quota_bytes;
-      if (quota === undefined) throw new Error(`no inbox ${r.inboxId}`);
-      const existing = await client.query('SELECT 1 FROM messages WHERE inbox_id = $1 AND queue_id = $2', [
-        r.inboxId,
-        r.queueId,
-      ]);
-      if (existing.rowCount) return 'exists';
-      const used = await client.query<{ used: number }>(
-        `SELECT coalesce(sum(size_bytes), 0)::int8 AS used FROM messages
-         WHERE ${USAGE_WHERE('$1', '$2::timestamptz')}`,
-        [r.inboxId, r.now],
-      );
-      if ((used.rows[0]?.used ?? 0) + r.sizeBytes > quota) return 'over_quota';
-      // Usage changes: the inbox's version moves (core/usage-cache.ts).
-      await client.query('UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1', [r.inboxId]);
-      await client.query(
-        `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
-         VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)`,
-        [r.inboxId, r.messageId, r.queueId, r.sizeBytes, r.envelopeFrom, r.now],
-      );
-      return 'reserved';
-    });
+    const [outcome] = await this.#db.transaction((client) => reserveLocked(client, [r]));
+    return outcome ?? 'over_quota';
+  }
+
+  async reserveAll(
+    reservations: Reservation[],
+  ): Promise<{ kind: 'reserved' } | { kind: 'over_quota'; inboxIds: string[] }> {
+    const ordered = [...reservations].sort((a, b) =>
+      a.inboxId < b.inboxId ? -1 : a.inboxId > b.inboxId ? 1 : 0,
+    );
+    try {
+      await this.#db.transaction(async (client) => {
+        const outcomes = await reserveLocked(client, ordered);
+        const full = ordered.filter((_, i) => outcomes[i] === 'over_quota').map((r) => r.inboxId);
+        // All or nothing: one full inbox undoes every reservation made in this transaction.
+        if (full.length > 0) throw new Rollback(full);
+      });
+      return { kind: 'reserved' };
+    } catch (error) {
+      if (error instanceof Rollback) return { kind: 'over_quota', inboxIds: error.inboxIds };
+      throw error;
+    }
   }
 
   async store(
@@ -316,6 +310,61 @@ export class PgMessageStore implements MessageStore {
       return 'recorded';
     });
   }
+}
+
+/** Thrown inside a transaction to roll it back on purpose. */
+class Rollback extends Error {
+  readonly inboxIds: string[];
+  constructor(inboxIds: string[] | string) {
+    super('rollback');
+    this.inboxIds = Array.isArray(inboxIds) ? inboxIds : [];
+  }
+}
+
+/**
+ * Checks and reserves each reservation in turn inside the caller's transaction. The inbox row lock
+ * makes check-and-reserve atomic, so concurrent deliveries cannot overfill an inbox (DESIGN decision 4);
+ * callers pass reservations in inbox id order so that two multi-inbox reservations cannot deadlock.
+ */
+async function reserveLocked(
+  client: pg.PoolClient,
+  reservations: Reservation[],
+): Promise<('reserved' | 'exists' | 'over_quota')[]> {
+  const outcomes: ('reserved' | 'exists' | 'over_quota')[] = [];
+  for (const r of reservations) {
+    const inbox = await client.query<{ quota_bytes: number }>(
+      'SELECT quota_bytes FROM inboxes WHERE inbox_id = $1 FOR UPDATE',
+      [r.inboxId],
+    );
+    const quota = inbox.rows[0]?.quota_bytes;
+    if (quota === undefined) throw new Error(`no inbox ${r.inboxId}`);
+    const existing = await client.query('SELECT 1 FROM messages WHERE inbox_id = $1 AND queue_id = $2', [
+      r.inboxId,
+      r.queueId,
+    ]);
+    if (existing.rowCount) {
+      outcomes.push('exists');
+      continue;
+    }
+    const used = await client.query<{ used: number }>(
+      `SELECT coalesce(sum(size_bytes), 0)::int8 AS used FROM messages
+       WHERE ${USAGE_WHERE('$1', '$2::timestamptz')}`,
+      [r.inboxId, r.now],
+    );
+    if ((used.rows[0]?.used ?? 0) + r.sizeBytes > quota) {
+      outcomes.push('over_quota');
+      continue;
+    }
+    // Usage changes: the inbox's version moves (core/usage-cache.ts).
+    await client.query('UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1', [r.inboxId]);
+    await client.query(
+      `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
+       VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)`,
+      [r.inboxId, r.messageId, r.queueId, r.sizeBytes, r.envelopeFrom, r.now],
+    );
+    outcomes.push('reserved');
+  }
+  return outcomes;
 }
 
 /**

@@ -1,0 +1,24 @@
+/**
+ * inbox-gate - whether an inbox takes mail at all, now (contract section 4, first three rows): the
+ * checks the policy daemon makes at RCPT and the milter makes again at end of data.
+ */
+import { isExpired, isPurged, type LifecycleSettings } from './lifecycle.ts';
+import type { DeliveryTarget } from './ports.ts';
+import type { SmtpReplies } from './smtp-replies.ts';
+import type { Refusal } from './verdict.ts';
+
+/** The refusal for an inbox that takes no mail, or null for a live one. A purged inbox is "no such inbox". */
+export function closedInbox(
+  target: DeliveryTarget | undefined,
+  now: Date,
+  replies: SmtpReplies,
+  lifecycle: LifecycleSettings,
+): Refusal | null {
+  if (!target || isPurged(target.inbox, now, lifecycle)) return replies.noSuchInbox;
+  if (target.inbox.cancelledAt) return replies.inboxCancelled;
+  if (isExpired(target.inbox, now)) return replies.inboxExpired;
+  return null;
+}
+
+export const freeBytes = (target: DeliveryTarget): number =>
+  Math.max(0, target.inbox.quotaBytes - target.usedBytes);

@@ -1,0 +1,185 @@
+/**
+ * message-admission - the milter's end-of-data decisions (DESIGN decision 2, rows decided at EOM;
+ * decisions 3, 4 and 6).
+ *
+ * In order: over the size limit (552, not recorded); DMARC failed under `p=reject` (550, not recorded);
+ * `From:` domain opted out (555, recorded); then per recipient: the inbox closed meanwhile, not admitted
+ * by its `sender_domains` (451, recorded once per Message-ID), over its free quota (555, recorded). SMTP
+ * has one reply after DATA, so the recipients' verdicts must agree; if they do not (a race since RCPT),
+ * the whole message gets a 4xx and nothing is recorded. When all accept, the message is reserved in
+ * every inbox in one transaction with the quota check (decision 4).
+ */
+import { addSeconds, type Clock } from './clock.ts';
+import { newMessageId } from './ids.ts';
+import { closedInbox } from './inbox-gate.ts';
+import type { LifecycleSettings } from './lifecycle.ts';
+import { inboxIdOf } from './mail-address.ts';
+import type { OptOuts } from './opt-outs.ts';
+import type { AuthVerdict, DeliveryTarget, InboxStore, MessageStore } from './ports.ts';
+import { domainAndParents } from './sender-domains.ts';
+import type { SmtpReplies } from './smtp-replies.ts';
+import { ACCEPT, type Refusal, type Verdict } from './verdict.ts';
+
+export interface MessageFacts {
+  queueId: string;
+  envelopeFrom: string;
+  recipients: string[];
+  /** The message as the sender sent it: header fields, the blank line and the body, in bytes. */
+  sizeBytes: number;
+  internetMessageId: string | null;
+  auth: AuthVerdict;
+}
+
+export interface MessageSettings extends LifecycleSettings {
+  mailDomain: string;
+  maxMessageBytes: number;
+  maxRejections: number;
+  rejectionRetentionSeconds: number;
+}
+
+/**
+ * Bytes reserved beyond the message as sent, for the two fields added before it is stored: our
+ * Authentication-Results (counted exactly) and Postfix's Received (at most this allowance). The stored
+ * message then counts its real size, so an inbox never holds more than its quota.
+ */
+export const RECEIVED_ALLOWANCE_BYTES = 2048;
+
+type Recorded = { reason: 'quota' | 'sender_not_allowed' | 'sender_opted_out'; senderDomain: string | null };
+type Outcome = { verdict: Refusal; record?: Recorded };
+
+export class MessageAdmission {
+  readonly #inboxes: InboxStore;
+  readonly #messages: MessageStore;
+  readonly #optOuts: OptOuts;
+  readonly #clock: Clock;
+  readonly #replies: SmtpReplies;
+  readonly #settings: MessageSettings;
+
+  constructor(
+    inboxes: InboxStore,
+    messages: MessageStore,
+    optOuts: OptOuts,
+    clock: Clock,
+    replies: SmtpReplies,
+    settings: MessageSettings,
+  ) {
+    this.#inboxes = inboxes;
+    this.#messages = messages;
+    this.#optOuts = optOuts;
+    this.#clock = clock;
+    this.#replies = replies;
+    this.#settings = settings;
+  }
+
+  /** The verdict for the whole message; on accept, it is reserved in every recipient inbox. */
+  async admit(facts: MessageFacts): Promise<Verdict> {
+    const now = this.#clock.now();
+    if (facts.sizeBytes > this.#settings.maxMessageBytes) return this.#replies.messageTooBig;
+    const { auth } = facts;
+    if (auth.dmarc.result === 'fail' && auth.dmarc.policy === 'reject') return this.#replies.dmarcFailed;
+
+    const targets = await Promise.all(
+      facts.recipients.map(async (recipient) => {
+        const inboxId = inboxIdOf(recipient, this.#settings.mailDomain);
+        return inboxId ? this.#inboxes.findForDelivery(inboxId, now) : undefined;
+      }),
+    );
+    const optedOut = auth.fromDomain ? await this.#optOuts.coveringEntry(auth.fromDomain) : null;
+    const authenticatedDomain =
+      auth.fromDomain && (auth.dmarc.result === 'pass' || auth.alignedDkimPass) ? auth.fromDomain : null;
+
+    const outcomes = targets.map((target): Outcome | null => {
+      const closed = closedInbox(target, now, this.#replies, this.#settings);
+      if (closed) return { verdict: closed };
+      if (optedOut) {
+        return {
+          verdict: this.#replies.senderOptedOut,
+          record: { reason: 'sender_opted_out', senderDomain: optedOut },
+        };
+      }
+      if (!admittedBySenderDomains(target as DeliveryTarget, authenticatedDomain)) {
+        return {
+          verdict: this.#replies.senderNotAllowed,
+          record: { reason: 'sender_not_allowed', senderDomain: authenticatedDomain },
+        };
+      }
+      return null;
+    });
+    const refusal = agreed(outcomes);
+    if (refusal === 'disagree') return this.#replies.recipientsDisagree;
+    if (refusal) {
+      await this.#recordAll(facts, targets, refusal, now);
+      return refusal.verdict;
+    }
+
+    const reservedBytes =
+      facts.sizeBytes +
+      Buffer.byteLength(`Authentication-Results: ${auth.headerValue}\r\n`) +
+      RECEIVED_ALLOWANCE_BYTES;
+    const reserved = await this.#messages.reserveAll(
+      targets.map((target) => ({
+        inboxId: (target as DeliveryTarget).inbox.inboxId,
+        messageId: newMessageId(),
+        queueId: facts.queueId,
+        sizeBytes: reservedBytes,
+        envelopeFrom: facts.envelopeFrom,
+        now,
+      })),
+    );
+    if (reserved.kind === 'reserved') return ACCEPT;
+    if (reserved.inboxIds.length < new Set(targets.map((t) => t?.inbox.inboxId)).size) {
+      return this.#replies.recipientsDisagree;
+    }
+    const quota: Outcome = {
+      verdict: this.#replies.quotaExceeded,
+      record: { reason: 'quota', senderDomain: authenticatedDomain },
+    };
+    await this.#recordAll(facts, targets, quota, now);
+    return quota.verdict;
+  }
+
+  async #recordAll(
+    facts: MessageFacts,
+    targets: (DeliveryTarget | undefined)[],
+    outcome: Outcome,
+    now: Date,
+  ): Promise<void> {
+    const { record } = outcome;
+    if (!record) return;
+    const inboxIds = new Set(targets.flatMap((t) => (t ? [t.inbox.inboxId] : [])));
+    for (const inboxId of inboxIds) {
+      await this.#messages.recordRejection(
+        {
+          inboxId,
+          reason: record.reason,
+          envelopeFrom: facts.envelopeFrom,
+          senderDomain: record.senderDomain,
+          sizeBytes: facts.sizeBytes,
+          internetMessageId: facts.internetMessageId,
+          now,
+        },
+        this.#settings.maxRejections,
+        addSeconds(now, -this.#settings.rejectionRetentionSeconds),
+      );
+    }
+  }
+}
+
+/**
+ * Contract section 4 (provision): with a non-empty list, only mail whose authenticated `From:` domain
+ * is listed, or is a subdomain of an entry, is taken.
+ */
+function admittedBySenderDomains(target: DeliveryTarget, authenticatedDomain: string | null): boolean {
+  const listed = target.inbox.senderDomains;
+  if (listed.length === 0) return true;
+  if (!authenticatedDomain) return false;
+  return domainAndParents(authenticatedDomain).some((name) => listed.includes(name));
+}
+
+/** The refusal every recipient shares, null when all pass, 'disagree' when they differ. */
+function agreed(outcomes: (Outcome | null)[]): Outcome | null | 'disagree' {
+  const [first, ...rest] = outcomes;
+  if (first === undefined) return null;
+  const key = (o: Outcome | null) => (o ? `${o.verdict.code} ${o.verdict.text}` : 'accept');
+  return rest.every((o) => key(o) === key(first)) ? first : 'disagree';
+}

@@ -1,0 +1,53 @@
+/**
+ * dns - the resolvers the mail side uses: DNS_SERVERS when set, else the system's (MAIL-FACTS E.3, F.2).
+ *
+ * ReverseDns asks for the PTR record itself with `resolvePtr`: `reverse()` reports a timed-out lookup as
+ * ENOTFOUND, which would turn a DNS outage into a permanent 550 (MAIL-FACTS A.6).
+ */
+import { promises as dns } from 'node:dns';
+import { isIPv4, isIPv6 } from 'node:net';
+import type { ReverseDns } from '../core/ports.ts';
+
+/** Per-query timeout and attempts: a dead server costs at most about 4 s before a 450. */
+const TIMEOUT_MS = 2000;
+const TRIES = 2;
+
+export function createResolver(servers: string[]): dns.Resolver {
+  const resolver = new dns.Resolver({ timeout: TIMEOUT_MS, tries: TRIES });
+  if (servers.length > 0) resolver.setServers(servers);
+  return resolver;
+}
+
+/** The in-addr.arpa or ip6.arpa name of an address (RFC 1035 3.5, RFC 3596 2.5). */
+export function reverseName(address: string): string {
+  if (isIPv4(address)) return `${address.split('.').reverse().join('.')}.in-addr.arpa`;
+  if (isIPv6(address)) {
+    const [head = '', tail = ''] = address.split('::');
+    const groups = (part: string) => (part ? part.split(':') : []);
+    const missing = 8 - groups(head).length - groups(tail).length;
+    const full = [...groups(head), ...Array(address.includes('::') ? missing : 0).fill('0'), ...groups(tail)];
+    const nibbles = full.map((g) => g.padStart(4, '0')).join('');
+    return `${[...nibbles].reverse().join('.')}.ip6.arpa`;
+  }
+  throw new Error(`not an IP address: ${address}`);
+}
+
+export class ResolverReverseDns implements ReverseDns {
+  readonly #resolver: dns.Resolver;
+
+  constructor(resolver: dns.Resolver) {
+    this.#resolver = resolver;
+  }
+
+  async lookup(address: string): Promise<'found' | 'none' | 'unavailable'> {
+    const plain = address.startsWith('::ffff:') && isIPv4(address.slice(7)) ? address.slice(7) : address;
+    if (!isIPv4(plain) && !isIPv6(plain)) return 'none';
+    try {
+      const names = await this.#resolver.resolvePtr(reverseName(plain));
+      return names.length > 0 ? 'found' : 'none';
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      return code === 'ENOTFOUND' || code === 'ENODATA' ? 'none' : 'unavailable';
+    }
+  }
+}

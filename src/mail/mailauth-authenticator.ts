@@ -1,0 +1,53 @@
+/**
+ * mailauth-authenticator - DKIM, SPF and DMARC with mailauth (DESIGN decision 6, MAIL-FACTS E).
+ *
+ * The authserv-id is AUTHSERV_ID; DNS goes through our resolver (DNS_SERVERS). ARC is evaluated and
+ * reported; BIMI is off (it would fetch logos over HTTPS). A DNS failure becomes a `temperror` result
+ * inside mailauth, never an exception; anything mailauth throws is the caller's temporary failure.
+ */
+import type { promises as dns } from 'node:dns';
+import { Readable } from 'node:stream';
+import { authenticate } from 'mailauth';
+import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
+
+export class MailauthAuthenticator implements Authenticator {
+  readonly #authservId: string;
+  readonly #resolver: dns.Resolver;
+
+  constructor(authservId: string, resolver: dns.Resolver) {
+    this.#authservId = authservId;
+    this.#resolver = resolver;
+  }
+
+  async authenticate(request: AuthenticationRequest): Promise<AuthVerdict> {
+    const result = await authenticate(Readable.from(request.message, { objectMode: false }), {
+      ip: request.clientAddress,
+      helo: request.helo ?? undefined,
+      sender: request.envelopeFrom,
+      mta: this.#authservId,
+      disableBimi: true,
+      resolver: (name, rrtype) => this.#resolver.resolve(name, rrtype) as Promise<string[][] | string[]>,
+    });
+    const dmarc = result.dmarc || null;
+    return {
+      fromDomain: dmarc?.status.header?.from?.toLowerCase() ?? null,
+      dmarc: { result: dmarc ? dmarc.status.result : 'none', policy: dmarc ? dmarc.policy : null },
+      alignedDkimPass: (result.dkim.results ?? []).some(
+        (r) => r.status.result === 'pass' && r.status.aligned,
+      ),
+      headerValue: authResultsValue(result.headers),
+    };
+  }
+}
+
+/** The value of the Authentication-Results field in mailauth's `headers` text (fields end in CRLF). */
+export function authResultsValue(headers: string): string {
+  const field = headers
+    .split(/\r\n(?=[^ \t])/)
+    .find((f) => f.toLowerCase().startsWith('authentication-results:'));
+  if (!field) throw new Error('mailauth wrote no Authentication-Results field');
+  return field
+    .slice('authentication-results:'.length)
+    .replace(/^[ \t]+/, '')
+    .replace(/\r\n$/, '');
+}
