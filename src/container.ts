@@ -9,12 +9,18 @@ import { Access } from './core/access.ts';
 import { type Clock, systemClock } from './core/clock.ts';
 import { DownloadService } from './core/download-service.ts';
 import { InboxService } from './core/inbox-service.ts';
+import { MessageAdmission } from './core/message-admission.ts';
 import { OptOuts } from './core/opt-outs.ts';
 import { PollService } from './core/poll-service.ts';
 import type { Gatekeeper, MessageStore, OptOutStore } from './core/ports.ts';
+import { RecipientAdmission } from './core/recipient-admission.ts';
 import { Secrets } from './core/secrets.ts';
+import { smtpReplies } from './core/smtp-replies.ts';
 import type { HttpServices } from './http/services.ts';
 import { createLog, type Log } from './log.ts';
+import { createResolver, ResolverReverseDns } from './mail/dns.ts';
+import { MailauthAuthenticator } from './mail/mailauth-authenticator.ts';
+import { MilterCheck } from './mail/milter-check.ts';
 import { Database } from './storage/database.ts';
 import { PgGatekeeper } from './storage/gatekeeper.ts';
 import { PgInboxStore } from './storage/inbox-store.ts';
@@ -37,6 +43,13 @@ export const TOKENS = {
   PollService: Symbol('PollService'),
   DownloadService: Symbol('DownloadService'),
   HttpServices: Symbol('HttpServices'),
+  Resolver: Symbol('Resolver'),
+  ReverseDns: Symbol('ReverseDns'),
+  Authenticator: Symbol('Authenticator'),
+  SmtpReplies: Symbol('SmtpReplies'),
+  RecipientAdmission: Symbol('RecipientAdmission'),
+  MessageAdmission: Symbol('MessageAdmission'),
+  MilterCheck: Symbol('MilterCheck'),
 } as const;
 
 export interface ContainerOptions {
@@ -102,5 +115,38 @@ export function buildContainer(
     optOuts: get(TOKENS.OptOuts),
     log: get(TOKENS.Log),
   }));
+  single(TOKENS.Resolver, () => createResolver(config.dnsServers));
+  single(TOKENS.ReverseDns, () => new ResolverReverseDns(get(TOKENS.Resolver)));
+  single(TOKENS.Authenticator, () => new MailauthAuthenticator(config.authservId, get(TOKENS.Resolver)));
+  single(TOKENS.SmtpReplies, () => smtpReplies(config));
+  single(
+    TOKENS.RecipientAdmission,
+    () =>
+      new RecipientAdmission(
+        get(TOKENS.InboxStore),
+        get(TOKENS.MessageStore),
+        get(TOKENS.OptOuts),
+        get(TOKENS.ReverseDns),
+        get(TOKENS.Clock),
+        get(TOKENS.SmtpReplies),
+        config,
+      ),
+  );
+  single(
+    TOKENS.MessageAdmission,
+    () =>
+      new MessageAdmission(
+        get(TOKENS.InboxStore),
+        get(TOKENS.MessageStore),
+        get(TOKENS.OptOuts),
+        get(TOKENS.Clock),
+        get(TOKENS.SmtpReplies),
+        config,
+      ),
+  );
+  single(
+    TOKENS.MilterCheck,
+    () => new MilterCheck(get(TOKENS.MessageAdmission), get(TOKENS.Authenticator), config.authservId),
+  );
   return c;
 }

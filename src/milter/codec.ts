@@ -1,0 +1,271 @@
+/**
+ * codec - the Sendmail milter wire format (protocol version 6), pure and bounded (STYLE 7): bytes in,
+ * commands out; replies in, bytes out. No I/O.
+ *
+ * Framing [Postfix src/milter/milter8.c, milter8_read_resp/vmilter8_write_cmd; MAIL-FACTS C.1]: a
+ * uint32 big-endian length that counts the command byte plus its data, the command byte, the data.
+ * Strings are NUL-terminated, an argv is a run of them, and all strings are decoded as UTF-8 (invalid
+ * bytes become U+FFFD). Command layouts are MAIL-FACTS C.2, reply layouts C.3.
+ *
+ * Contract: FrameDecoder.push() returns the complete packets of the bytes so far or throws
+ * MilterProtocolError; decodeCommand() throws MilterProtocolError on a packet it cannot parse. After
+ * either throw the stream cannot be resynchronized and the caller must close the connection (Postfix
+ * then applies milter_default_action).
+ */
+
+/** Largest packet we accept. Postfix sends body chunks of at most 65535 bytes (MILTER_CHUNK_SIZE) and
+ * headers of at most header_size_limit (102400); its own limit for our replies is INT_MAX/2. */
+export const MAX_PACKET_BYTES = 1024 * 1024 + 1024;
+
+/** MTA→milter command bytes [milter8.c SMFIC_*]. */
+export const SMFIC = {
+  ABORT: 'A',
+  BODY: 'B',
+  CONNECT: 'C',
+  MACRO: 'D',
+  BODYEOB: 'E',
+  HELO: 'H',
+  QUIT_NC: 'K',
+  HEADER: 'L',
+  MAIL: 'M',
+  EOH: 'N',
+  OPTNEG: 'O',
+  QUIT: 'Q',
+  RCPT: 'R',
+  DATA: 'T',
+  UNKNOWN: 'U',
+} as const;
+
+/** Milter→MTA reply bytes we send [milter8.c SMFIR_*]. */
+export const SMFIR = {
+  CONTINUE: 'c',
+  TEMPFAIL: 't',
+  REPLYCODE: 'y',
+  PROGRESS: 'p',
+  INSHEADER: 'i',
+  CHGHEADER: 'm',
+  OPTNEG: 'O',
+} as const;
+
+export class MilterProtocolError extends Error {
+  override name = 'MilterProtocolError';
+}
+
+export interface Packet {
+  command: string;
+  data: Buffer;
+}
+
+/** Splits a byte stream into packets; holds at most one partial packet (≤ MAX_PACKET_BYTES). */
+export class FrameDecoder {
+  #chunks: Buffer[] = [];
+  #buffered = 0;
+  #expected: number | undefined;
+
+  push(chunk: Buffer): Packet[] {
+    this.#chunks.push(chunk);
+    this.#buffered += chunk.length;
+    const packets: Packet[] = [];
+    for (;;) {
+      if (this.#expected === undefined) {
+        if (this.#buffered < 4) break;
+        const length = this.#take(4).readUInt32BE(0);
+        if (length < 1 || length > MAX_PACKET_BYTES) {
+          throw new MilterProtocolError(`packet length ${length} outside 1..${MAX_PACKET_BYTES}`);
+        }
+        this.#expected = length;
+      }
+      if (this.#buffered < this.#expected) break;
+      const packet = this.#take(this.#expected);
+      this.#expected = undefined;
+      packets.push({ command: String.fromCharCode(packet[0] ?? 0), data: packet.subarray(1) });
+    }
+    return packets;
+  }
+
+  /** The first n buffered bytes (n ≤ buffered), copying only when they span chunks. */
+  #take(n: number): Buffer {
+    this.#buffered -= n;
+    const first = this.#chunks[0] as Buffer;
+    if (first.length >= n) {
+      if (first.length === n) this.#chunks.shift();
+      else this.#chunks[0] = first.subarray(n);
+      return first.subarray(0, n);
+    }
+    const out = Buffer.allocUnsafe(n);
+    let filled = 0;
+    while (filled < n) {
+      const chunk = this.#chunks[0] as Buffer;
+      const used = Math.min(chunk.length, n - filled);
+      chunk.copy(out, filled, 0, used);
+      filled += used;
+      if (used === chunk.length) this.#chunks.shift();
+      else this.#chunks[0] = chunk.subarray(used);
+    }
+    return out;
+  }
+}
+
+export type MilterCommand =
+  | { kind: 'optneg'; version: number; actions: number; protocol: number }
+  /** stage: the command byte the macros precede ('C', 'H', 'M', 'R', 'T', 'L', 'N', 'B', 'E'). */
+  | { kind: 'macro'; stage: string; macros: [string, string][] }
+  /** family '4', '6', 'L' (unix) or 'U' (unknown: no port, no address). */
+  | { kind: 'connect'; hostname: string; family: string; port: number | null; address: string }
+  | { kind: 'helo'; name: string }
+  | { kind: 'mail'; args: string[] }
+  | { kind: 'rcpt'; args: string[] }
+  | { kind: 'data' }
+  | { kind: 'header'; name: string; value: string }
+  | { kind: 'eoh' }
+  | { kind: 'body'; chunk: Buffer }
+  | { kind: 'eob'; chunk: Buffer }
+  | { kind: 'abort' }
+  | { kind: 'quit' }
+  | { kind: 'quitNewConnection' }
+  /** SMFIC_UNKNOWN: an SMTP command smtpd did not recognise. */
+  | { kind: 'unknown'; command: string }
+  /** A command byte this codec does not know. */
+  | { kind: 'unrecognized'; code: string };
+
+class Reader {
+  readonly #data: Buffer;
+  #offset = 0;
+  constructor(data: Buffer) {
+    this.#data = data;
+  }
+  get remaining(): number {
+    return this.#data.length - this.#offset;
+  }
+  u32(what: string): number {
+    if (this.remaining < 4) throw new MilterProtocolError(`${what}: packet too short`);
+    const value = this.#data.readUInt32BE(this.#offset);
+    this.#offset += 4;
+    return value;
+  }
+  u16(what: string): number {
+    if (this.remaining < 2) throw new MilterProtocolError(`${what}: packet too short`);
+    const value = this.#data.readUInt16BE(this.#offset);
+    this.#offset += 2;
+    return value;
+  }
+  byte(what: string): string {
+    if (this.remaining < 1) throw new MilterProtocolError(`${what}: packet too short`);
+    return String.fromCharCode(this.#data[this.#offset++] as number);
+  }
+  string(what: string): string {
+    const end = this.#data.indexOf(0, this.#offset);
+    if (end < 0) throw new MilterProtocolError(`${what}: string not NUL-terminated`);
+    const value = this.#data.toString('utf8', this.#offset, end);
+    this.#offset = end + 1;
+    return value;
+  }
+  argv(what: string): string[] {
+    const args: string[] = [];
+    while (this.remaining > 0) args.push(this.string(what));
+    if (args.length === 0) throw new MilterProtocolError(`${what}: no arguments`);
+    return args;
+  }
+}
+
+/** Parses one packet. Trailing bytes after the documented fields are ignored. */
+export function decodeCommand(packet: Packet): MilterCommand {
+  const r = new Reader(packet.data);
+  switch (packet.command) {
+    case SMFIC.OPTNEG:
+      return {
+        kind: 'optneg',
+        version: r.u32('OPTNEG'),
+        actions: r.u32('OPTNEG'),
+        protocol: r.u32('OPTNEG'),
+      };
+    case SMFIC.MACRO: {
+      const stage = r.byte('MACRO');
+      const macros: [string, string][] = [];
+      while (r.remaining > 0) macros.push([r.string('MACRO name'), r.string('MACRO value')]);
+      return { kind: 'macro', stage, macros };
+    }
+    case SMFIC.CONNECT: {
+      const hostname = r.string('CONNECT hostname');
+      const family = r.byte('CONNECT family');
+      if (family === 'U') return { kind: 'connect', hostname, family, port: null, address: '' };
+      const port = r.u16('CONNECT port');
+      return { kind: 'connect', hostname, family, port, address: r.string('CONNECT address') };
+    }
+    case SMFIC.HELO:
+      return { kind: 'helo', name: r.string('HELO') };
+    case SMFIC.MAIL:
+      return { kind: 'mail', args: r.argv('MAIL') };
+    case SMFIC.RCPT:
+      return { kind: 'rcpt', args: r.argv('RCPT') };
+    case SMFIC.DATA:
+      return { kind: 'data' };
+    case SMFIC.HEADER:
+      return { kind: 'header', name: r.string('HEADER name'), value: r.string('HEADER value') };
+    case SMFIC.EOH:
+      return { kind: 'eoh' };
+    case SMFIC.BODY:
+      return { kind: 'body', chunk: packet.data };
+    case SMFIC.BODYEOB:
+      return { kind: 'eob', chunk: packet.data };
+    case SMFIC.ABORT:
+      return { kind: 'abort' };
+    case SMFIC.QUIT:
+      return { kind: 'quit' };
+    case SMFIC.QUIT_NC:
+      return { kind: 'quitNewConnection' };
+    case SMFIC.UNKNOWN:
+      return { kind: 'unknown', command: r.string('UNKNOWN') };
+    default:
+      return { kind: 'unrecognized', code: packet.command };
+  }
+}
+
+function cstring(value: string, what: string): Buffer {
+  if (value.includes('\0')) throw new Error(`${what} contains a NUL byte`);
+  return Buffer.from(`${value}\0`, 'utf8');
+}
+
+function u32(value: number, what: string): Buffer {
+  if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
+    throw new Error(`${what} ${value} is not a uint32`);
+  }
+  const out = Buffer.alloc(4);
+  out.writeUInt32BE(value);
+  return out;
+}
+
+export function encodePacket(command: string, ...parts: Buffer[]): Buffer {
+  const length = 1 + parts.reduce((sum, part) => sum + part.length, 0);
+  return Buffer.concat([u32(length, 'length'), Buffer.from(command, 'latin1'), ...parts]);
+}
+
+export const encodeContinue = (): Buffer => encodePacket(SMFIR.CONTINUE);
+export const encodeTempfail = (): Buffer => encodePacket(SMFIR.TEMPFAIL);
+/** Keeps Postfix waiting: it resets its milter_content_timeout (milter8.c SMFIR_PROGRESS). */
+export const encodeProgress = (): Buffer => encodePacket(SMFIR.PROGRESS);
+
+/** `y`: the SMTP reply as the sender should see it. Postfix reads it sendmail-style, turning `%%`
+ * into `%` and dropping a lone `%` (milter8.c SMFIR_REPLYCODE), so every `%` is doubled here. */
+export function encodeReplyCode(reply: string): Buffer {
+  return encodePacket(SMFIR.REPLYCODE, cstring(reply.replaceAll('%', '%%'), 'reply'));
+}
+
+/** `i`: insert at 0-based index among all headers, Postfix's own Received: included. */
+export function encodeInsertHeader(index: number, name: string, value: string): Buffer {
+  return encodePacket(SMFIR.INSHEADER, u32(index, 'index'), cstring(name, 'name'), cstring(value, 'value'));
+}
+
+/** `m`: change the index-th (1-based) header of that name as received; an empty value deletes it. */
+export function encodeChangeHeader(index: number, name: string, value: string): Buffer {
+  return encodePacket(SMFIR.CHGHEADER, u32(index, 'index'), cstring(name, 'name'), cstring(value, 'value'));
+}
+
+export function encodeNegotiation(reply: { version: number; actions: number; protocol: number }): Buffer {
+  return encodePacket(
+    SMFIR.OPTNEG,
+    u32(reply.version, 'version'),
+    u32(reply.actions, 'actions'),
+    u32(reply.protocol, 'protocol'),
+  );
+}

@@ -1,0 +1,107 @@
+/**
+ * server - the milter daemon's socket: accepts Postfix's milter connections (smtpd_milters, one
+ * connection per SMTP session) and gives each to a MilterConnection.
+ *
+ * Listens on:   MILTER_PORT (config milterListen): host:port, or a unix socket path (a stale socket file
+ *               left by a dead process is removed first; a live one is left alone and listening fails).
+ * Reads/writes: nothing itself; the handler does.
+ * On failure:   a broken connection is logged and dropped; Postfix applies milter_default_action
+ *               (tempfail) to that session. A handler failure fails one message temporarily.
+ * Security:     speak only to Postfix: listen on loopback or a unix socket the Postfix user can reach.
+ *               Packets are bounded (codec.ts); no message content is logged.
+ */
+import { lstat, unlink } from 'node:fs/promises';
+import net from 'node:net';
+import type { Listen } from '../config/config.ts';
+import type { Log } from '../log.ts';
+import { MilterConnection } from './connection.ts';
+import type { MilterHandler } from './handler.ts';
+
+/** How long close() lets a transaction in progress finish before cutting it off. */
+export const CLOSE_GRACE_MS = 5_000;
+/** Well under Postfix's milter_content_timeout (300 s). */
+export const DEFAULT_PROGRESS_INTERVAL_MS = 10_000;
+
+export interface MilterServerOptions {
+  listen: Listen;
+  handler: MilterHandler;
+  log: Log;
+  /** How often SMFIR_PROGRESS is sent while a consumer call is pending. */
+  progressIntervalMs?: number;
+}
+
+export interface MilterServer {
+  server: net.Server;
+  /** In Postfix's smtpd_milters syntax: `inet:127.0.0.1:PORT` or `unix:/path`. */
+  address: string;
+  /** Stops accepting; idle sessions end at once, the others after their transaction or CLOSE_GRACE_MS. */
+  close(): Promise<void>;
+}
+
+export async function startMilterServer(options: MilterServerOptions): Promise<MilterServer> {
+  const { handler, log } = options;
+  const progressIntervalMs = options.progressIntervalMs ?? DEFAULT_PROGRESS_INTERVAL_MS;
+  if (!(progressIntervalMs >= 1))
+    throw new RangeError(`progressIntervalMs must be >= 1 (got ${progressIntervalMs})`);
+  const connections = new Set<MilterConnection>();
+  let nextId = 1;
+  const server = net.createServer({ noDelay: true }, (socket) => {
+    const connection = new MilterConnection(socket, { handler, log, progressIntervalMs, id: nextId++ });
+    connections.add(connection);
+    socket.once('close', () => connections.delete(connection));
+  });
+
+  if ('path' in options.listen) await removeStaleSocket(options.listen.path);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    if ('path' in options.listen) server.listen(options.listen.path);
+    else server.listen(options.listen.port, options.listen.host);
+    server.once('listening', () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  server.on('error', (error) => log({ level: 'error', msg: 'milter server error', error: error.message }));
+
+  const bound = server.address();
+  const address =
+    typeof bound === 'string' || bound === null
+      ? `unix:${bound ?? ''}`
+      : `inet:${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}`;
+
+  let closing: Promise<void> | undefined;
+  const close = (): Promise<void> => {
+    closing ??= new Promise<void>((resolve) => {
+      const grace = setTimeout(() => {
+        for (const connection of connections) connection.destroy();
+      }, CLOSE_GRACE_MS);
+      server.close(() => {
+        clearTimeout(grace);
+        resolve();
+      });
+      for (const connection of connections) connection.shutdown();
+    });
+    return closing;
+  };
+  return { server, address, close };
+}
+
+/** Removes a unix socket file nobody listens on; refuses a live socket or a file that is not a socket. */
+async function removeStaleSocket(path: string): Promise<void> {
+  const stat = await lstat(path).catch((error: NodeJS.ErrnoException) => {
+    if (error.code === 'ENOENT') return undefined;
+    throw error;
+  });
+  if (!stat) return;
+  if (!stat.isSocket()) throw new Error(`${path} exists and is not a socket`);
+  const live = await new Promise<boolean>((resolve) => {
+    const probe = net.connect(path);
+    probe.once('connect', () => {
+      probe.destroy();
+      resolve(true);
+    });
+    probe.once('error', () => resolve(false));
+  });
+  if (live) throw new Error(`${path}: another process is listening on this socket`);
+  await unlink(path);
+}

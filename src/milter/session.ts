@@ -1,0 +1,339 @@
+/**
+ * session - the milter conversation of one connection (one SMTP session), without the socket: option
+ * negotiation, connection facts, then transactions. Each transaction collects the envelope and headers,
+ * begins a message with the handler at end of headers, streams the body to its consumer, and answers end
+ * of message with the consumer's verdict (reply.ts).
+ *
+ * Contracts:
+ * - handle() is called for one packet at a time (connection.ts waits for it to settle), so consumer calls
+ *   never overlap and a pending body() holds back the next packet.
+ * - Every command the MTA waits for gets exactly one reply (negotiate.ts expectsReply); others get none.
+ * - While a consumer call the MTA waits on is pending, SMFIR_PROGRESS goes out every progressIntervalMs,
+ *   so Postfix's milter_content_timeout (300 s per read) never fires.
+ * - A handler or consumer failure, or a verdict Postfix would refuse, is logged with the queue id and
+ *   answered `t` for that message (STYLE 4); the connection stays usable. handle() rejects only with
+ *   MilterProtocolError, after which the connection must be closed.
+ * - A consumer gets abort() when its transaction ends before end() was called: ABORT, a new MAIL, QUIT,
+ *   a failed body(), or connectionLost().
+ * - Header bytes kept per message are bounded (MAX_HEADER_BYTES). No message content is logged.
+ */
+import type { Log } from '../log.ts';
+import {
+  decodeCommand,
+  encodeContinue,
+  encodeNegotiation,
+  encodeProgress,
+  encodeTempfail,
+  MilterProtocolError,
+  type Packet,
+  SMFIC,
+} from './codec.ts';
+import type { MessageConsumer, MilterHandler, MilterHeader } from './handler.ts';
+import { MacroStore } from './macros.ts';
+import { expectsReply, negotiate } from './negotiate.ts';
+import { endOfMessageReply } from './reply.ts';
+
+/** Header bytes kept per message; a message beyond it fails temporarily (mail that big is not ours). */
+export const MAX_HEADER_BYTES = 1024 * 1024;
+
+interface Transaction {
+  envelopeFrom: string;
+  mailArgs: string[];
+  recipients: string[];
+  headers: MilterHeader[];
+  headerBytes: number;
+  queueId: string;
+  consumer: MessageConsumer | undefined;
+  /** end() or abort() has been called; the consumer gets nothing more. */
+  settled: boolean;
+  /** Answered (or to be answered) `t`; the rest of the message is not shown to the core. */
+  failed: boolean;
+}
+
+type Answer = 'continue' | 'tempfail';
+
+export interface MilterSessionOptions {
+  handler: MilterHandler;
+  log: Log;
+  progressIntervalMs: number;
+  /** Correlates this session's log lines. */
+  id: number;
+  /** Writes one or more reply packets to the MTA. */
+  send: (reply: Buffer) => void;
+}
+
+export class MilterSession {
+  readonly #handler: MilterHandler;
+  readonly #log: Log;
+  readonly #progressMs: number;
+  readonly #id: number;
+  readonly #send: (reply: Buffer) => void;
+  /** Negotiated SMFIP_* bits; undefined until SMFIC_OPTNEG. */
+  #protocol: number | undefined;
+  #clientAddress = '';
+  #clientName: string | null = null;
+  #helo: string | null = null;
+  readonly #macros = new MacroStore();
+  #tx: Transaction | undefined;
+  #lost = false;
+
+  constructor(options: MilterSessionOptions) {
+    this.#handler = options.handler;
+    this.#log = options.log;
+    this.#progressMs = options.progressIntervalMs;
+    this.#id = options.id;
+    this.#send = options.send;
+  }
+
+  /** Between MAIL and the end of its message (or its ABORT). */
+  get inTransaction(): boolean {
+    return this.#tx !== undefined;
+  }
+
+  /** Handles one packet; 'close' when the connection should end (QUIT, refused negotiation). */
+  async handle(packet: Packet): Promise<'continue' | 'close'> {
+    const command = decodeCommand(packet);
+    if (this.#protocol === undefined) {
+      if (command.kind !== 'optneg') throw new MilterProtocolError(`'${packet.command}' before SMFIC_OPTNEG`);
+      const result = negotiate(command);
+      if (!result.ok) {
+        this.#log({
+          level: 'warn',
+          msg: 'milter negotiation refused; disconnecting',
+          session: this.#id,
+          reason: result.reason,
+        });
+        return 'close';
+      }
+      this.#protocol = result.reply.protocol;
+      this.#send(encodeNegotiation(result.reply));
+      return 'continue';
+    }
+    let answer: Answer = 'continue';
+    switch (command.kind) {
+      case 'optneg':
+        throw new MilterProtocolError('second SMFIC_OPTNEG');
+      case 'macro':
+        this.#macros.set(command.stage, command.macros);
+        break;
+      case 'connect':
+        this.#clientAddress = command.family === '4' || command.family === '6' ? command.address : '';
+        // Postfix sends "[ip]" for a client without a verified name, "unknown" when even the address is.
+        this.#clientName = /^\[.*\]$|^unknown$|^$/.test(command.hostname) ? null : command.hostname;
+        break;
+      case 'helo':
+        this.#helo = command.name;
+        break;
+      case 'mail':
+        this.#beginTransaction(command.args);
+        break;
+      case 'rcpt':
+        this.#transaction('RCPT').recipients.push(unbracket(command.args[0] ?? ''));
+        break;
+      case 'header':
+        answer = this.#onHeader(command);
+        break;
+      case 'eoh':
+        answer = this.#onEndOfHeaders();
+        break;
+      case 'body':
+        answer = await this.#onBody(command.chunk);
+        break;
+      case 'eob':
+        this.#send(await this.#onEndOfMessage(command.chunk));
+        return 'continue';
+      case 'abort':
+        this.#endTransaction();
+        return 'continue';
+      case 'quit':
+        this.#endTransaction();
+        return 'close';
+      case 'quitNewConnection':
+        this.#endTransaction();
+        this.#clientAddress = '';
+        this.#clientName = null;
+        this.#helo = null;
+        this.#macros.clear();
+        return 'continue';
+      case 'unrecognized':
+        this.#log({
+          level: 'warn',
+          msg: 'milter command not recognized; ignored',
+          session: this.#id,
+          command: command.code,
+        });
+        return 'continue';
+      case 'data':
+      case 'unknown':
+        break;
+    }
+    if (expectsReply(packet.command, this.#protocol)) {
+      this.#send(answer === 'continue' ? encodeContinue() : encodeTempfail());
+    }
+    return 'continue';
+  }
+
+  /** The socket closed: a message in progress is aborted. */
+  connectionLost(): void {
+    this.#lost = true;
+    this.#endTransaction();
+  }
+
+  #beginTransaction(args: string[]): void {
+    this.#endTransaction('M');
+    this.#tx = {
+      envelopeFrom: unbracket(args[0] ?? ''),
+      mailArgs: args.slice(1),
+      recipients: [],
+      headers: [],
+      headerBytes: 0,
+      queueId: '',
+      consumer: undefined,
+      settled: false,
+      failed: false,
+    };
+  }
+
+  #transaction(stage: string): Transaction {
+    if (!this.#tx) throw new MilterProtocolError(`${stage} outside a transaction`);
+    return this.#tx;
+  }
+
+  #onHeader(header: { name: string; value: string }): Answer {
+    const tx = this.#transaction('HEADER');
+    if (tx.consumer) throw new MilterProtocolError('HEADER after EOH');
+    if (tx.failed) return 'tempfail';
+    tx.headerBytes += Buffer.byteLength(header.name) + Buffer.byteLength(header.value) + 3;
+    if (tx.headerBytes > MAX_HEADER_BYTES) {
+      this.#log({ level: 'warn', msg: 'milter message headers too large; tempfail', session: this.#id });
+      tx.failed = true;
+      tx.headers = [];
+      return 'tempfail';
+    }
+    tx.headers.push({ name: header.name, value: header.value });
+    return 'continue';
+  }
+
+  #onEndOfHeaders(): Answer {
+    const tx = this.#transaction('EOH');
+    if (tx.consumer) throw new MilterProtocolError('second EOH');
+    if (tx.failed) return 'tempfail';
+    const macros = this.#macros.snapshot();
+    tx.queueId = macros.get('i') ?? '';
+    const envelope = {
+      queueId: tx.queueId,
+      clientAddress: this.#clientAddress,
+      clientName: this.#clientName,
+      helo: this.#helo,
+      envelopeFrom: tx.envelopeFrom,
+      mailArgs: tx.mailArgs,
+      recipients: [...tx.recipients],
+      macros,
+    };
+    const headers = tx.headers;
+    tx.headers = [];
+    try {
+      tx.consumer = this.#handler.beginMessage(envelope, headers);
+      return 'continue';
+    } catch (error) {
+      this.#failed(tx, 'beginMessage', error);
+      return 'tempfail';
+    }
+  }
+
+  async #onBody(chunk: Buffer): Promise<Answer> {
+    const tx = this.#transaction('BODY');
+    if (tx.failed) return 'tempfail';
+    const consumer = tx.consumer;
+    if (!consumer) throw new MilterProtocolError('BODY before EOH');
+    try {
+      await this.#withProgress(() => consumer.body(chunk), expectsReply(SMFIC.BODY, this.#protocol ?? 0));
+      return 'continue';
+    } catch (error) {
+      if (this.#tx === tx) this.#failed(tx, 'body', error);
+      return 'tempfail';
+    }
+  }
+
+  async #onEndOfMessage(chunk: Buffer): Promise<Buffer> {
+    const tx = this.#transaction('BODYEOB');
+    // libmilter accepts a last body chunk inside BODYEOB; Postfix sends it as a separate BODY.
+    if (chunk.length > 0 && (await this.#onBody(chunk)) === 'tempfail') tx.failed = true;
+    const consumer = tx.consumer;
+    if (!tx.failed && !consumer) {
+      this.#log({
+        level: 'warn',
+        msg: 'milter end of message without end of headers; tempfail',
+        session: this.#id,
+      });
+    }
+    if (tx.failed || !consumer) {
+      this.#endTransaction();
+      return encodeTempfail();
+    }
+    tx.settled = true;
+    let reply: Buffer;
+    try {
+      reply = endOfMessageReply(await this.#withProgress(() => consumer.end(), true));
+    } catch (error) {
+      this.#failed(tx, 'end', error);
+      reply = encodeTempfail();
+    }
+    if (this.#tx === tx) {
+      this.#endTransaction();
+    } else {
+      const lost = { session: this.#id, queue_id: tx.queueId };
+      this.#log({ level: 'warn', msg: 'milter connection lost before the verdict was sent', ...lost });
+    }
+    return reply;
+  }
+
+  /** Runs a consumer call; while it is pending and the MTA waits for our reply, keeps it waiting. */
+  async #withProgress<T>(call: () => Promise<T>, progress: boolean): Promise<T> {
+    // A call that never settles must not keep a timer alive after the connection is gone.
+    const tick = () => (this.#lost ? clearInterval(timer) : this.#send(encodeProgress()));
+    const timer = progress ? setInterval(tick, this.#progressMs) : undefined;
+    try {
+      return await call();
+    } finally {
+      clearInterval(timer);
+    }
+  }
+
+  #failed(tx: Transaction, stage: string, error: unknown): void {
+    tx.failed = true;
+    this.#log({
+      level: 'error',
+      msg: 'milter handler failed',
+      session: this.#id,
+      stage,
+      queue_id: tx.queueId,
+      error: error instanceof Error ? error.stack : String(error),
+    });
+    this.#settle(tx);
+  }
+
+  /** Aborts the consumer unless it already had end() or abort(). */
+  #settle(tx: Transaction): void {
+    if (tx.settled || !tx.consumer) return;
+    tx.settled = true;
+    try {
+      tx.consumer.abort();
+    } catch (error) {
+      const where = { session: this.#id, queue_id: tx.queueId, error: String(error) };
+      this.#log({ level: 'error', msg: 'milter consumer abort failed', ...where });
+    }
+  }
+
+  /** Ends the transaction (aborting its consumer) and forgets its macros, except `keep`'s. */
+  #endTransaction(keep?: string): void {
+    if (this.#tx) this.#settle(this.#tx);
+    this.#tx = undefined;
+    this.#macros.endTransaction(keep);
+  }
+}
+
+/** `<a@b>` → `a@b`, `<>` → ''. */
+function unbracket(address: string): string {
+  return address.startsWith('<') && address.endsWith('>') ? address.slice(1, -1) : address;
+}

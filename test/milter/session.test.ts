@@ -1,0 +1,446 @@
+/**
+ * session - the milter conversation on a real socket (127.0.0.1:0), as Postfix 3.7 holds it: literal
+ * reply packets for negotiation, messages, verdicts and failures, what the handler is given, and when.
+ */
+import assert from 'node:assert/strict';
+import { afterEach, describe, test } from 'node:test';
+import { ACCEPT } from '../../src/core/verdict.ts';
+import { type Started, sleep, startFake } from './fake-handler.ts';
+import { envelope, MtaClient, show } from './mta-client.ts';
+
+const QUEUE_ID = '4jWnfw5jrjzJHgc';
+const u32 = (n: number) => String.fromCharCode(n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255);
+
+let started: Started[] = [];
+let clients: MtaClient[] = [];
+afterEach(async () => {
+  for (const mta of clients) mta.close();
+  await Promise.all(started.map((s) => s.milter.close()));
+  started = [];
+  clients = [];
+});
+
+async function setup(progressIntervalMs?: number): Promise<Started & { mta: MtaClient }> {
+  const s = await startFake(progressIntervalMs);
+  started.push(s);
+  const mta = await MtaClient.connect(s.milter.address);
+  clients.push(mta);
+  return { ...s, mta };
+}
+
+/** DATA, the headers and EOH as Postfix sends them (`i` with each); returns the EOH reply. */
+async function headers(mta: MtaClient, fields: [string, string][], queueId = QUEUE_ID): Promise<string> {
+  mta.macros('T', { i: queueId });
+  mta.data();
+  for (const [name, value] of fields) {
+    mta.macros('L', { i: queueId });
+    mta.header(name, value);
+  }
+  mta.macros('N', { i: queueId });
+  mta.eoh();
+  return show(await mta.read());
+}
+
+async function bodyAndEnd(mta: MtaClient, chunks: string[]): Promise<string[]> {
+  const replies: string[] = [];
+  for (const chunk of chunks) {
+    mta.macros('B', { i: QUEUE_ID });
+    mta.body(chunk);
+    replies.push(show(await mta.read()));
+  }
+  mta.macros('E', { i: QUEUE_ID });
+  mta.eob();
+  for (;;) {
+    const reply = show(await mta.read());
+    replies.push(reply);
+    if (['c', 't'].includes(reply) || reply.startsWith('y')) return replies;
+  }
+}
+
+const closedWithin = (mta: MtaClient, ms: number) =>
+  Promise.race([mta.closed.then(() => true), sleep(ms).then(() => false)]);
+
+describe('negotiation', () => {
+  test("Postfix's offer gets version 6, actions 0x11, protocol 0x133080; CONNECT, HELO, DATA, headers get no reply", async () => {
+    const { mta } = await setup();
+    assert.equal(show(await mta.negotiate()), `O${u32(6)}${u32(0x11)}${u32(0x133080)}`);
+    mta.macros('C', { j: 'mx.svc.test' });
+    mta.connectInfo('mail.sender.test', '127.0.0.3');
+    mta.helo('mail.sender.test');
+    mta.mail('<s@allowed.test>');
+    mta.rcpt('<good@svc.test>');
+    mta.data();
+    mta.header('Subject', ' hi');
+    mta.send('U', 'XYZZY\0');
+    mta.eoh();
+    assert.deepEqual((await mta.pending(100)).map(show), ['c', 'c', 'c']); // MAIL, RCPT, EOH
+  });
+
+  test('an MTA that offers no no-reply bits gets a continue for every event', async () => {
+    const { mta } = await setup();
+    const reply = await mta.negotiate({ version: 6, actions: 0x1ff, protocol: (1 << 20) | 0x3ff });
+    assert.equal(show(reply), `O${u32(6)}${u32(0x11)}${u32(0x100080)}`);
+    mta.connectInfo('mail.sender.test', '127.0.0.3');
+    mta.helo('mail.sender.test');
+    mta.mail('<s@allowed.test>');
+    mta.data();
+    mta.send('U', 'XYZZY\0');
+    mta.header('Subject', ' hi'); // NR_HDR was offered and kept: no reply
+    assert.deepEqual((await mta.pending(100)).map(show), ['c', 'c', 'c', 'c', 'c']);
+  });
+
+  test('an MTA without HDR_LEADSPC is refused: the connection closes and the reason is logged', async () => {
+    const { mta, logs } = await setup();
+    mta.send('O', `${u32(2)}${u32(0x3f)}${u32(0x7f)}`);
+    assert.equal(await closedWithin(mta, 1000), true);
+    assert.equal(
+      logs.find((l) => l.msg === 'milter negotiation refused; disconnecting')?.reason,
+      'MTA offers milter protocol 2, we need 6',
+    );
+  });
+});
+
+describe('a message', () => {
+  test('the handler sees the envelope, headers byte-exact and the body; accept sends deletes, inserts, continue', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    assert.deepEqual(
+      await envelope(mta, '<>', ['<a@svc.test>', '<b@svc.test>'], ['SIZE=1234', 'BODY=8BITMIME']),
+      ['c', 'c', 'c'],
+    );
+    const fields: [string, string][] = [
+      ['Authentication-Results', ' mx.svc.test; dkim=pass (forged)'],
+      ['Subject', ' Grüße\n\tfolded'],
+      ['X-Tight', 'no-space'],
+      ['Authentication-Results', ' other.test; spf=pass'],
+      ['Authentication-Results', ' mx.svc.test; dmarc=pass (forged)'],
+    ];
+    assert.equal(await headers(mta, fields), 'c');
+    handler.end = async () => ({
+      verdict: ACCEPT,
+      edits: {
+        delete: [
+          { name: 'Authentication-Results', index: 1 },
+          { name: 'Authentication-Results', index: 3 },
+        ],
+        insert: [
+          { index: 0, name: 'Authentication-Results', value: 'mx.svc.test;\r\n\tspf=pass smtp.mailfrom=""' },
+        ],
+      },
+    });
+    assert.deepEqual(await bodyAndEnd(mta, ['Hello\r\n', 'World\r\n']), [
+      'c',
+      'c',
+      `m${u32(3)}Authentication-Results\0\0`,
+      `m${u32(1)}Authentication-Results\0\0`,
+      `i${u32(0)}Authentication-Results\0 mx.svc.test;\n\tspf=pass smtp.mailfrom=""\0`,
+      'c',
+    ]);
+
+    const [message] = handler.messages;
+    assert.ok(message);
+    const { macros, ...rest } = message.envelope;
+    assert.deepEqual(rest, {
+      queueId: QUEUE_ID,
+      clientAddress: '127.0.0.3',
+      clientName: 'mail.sender.test',
+      helo: 'mail.sender.test',
+      envelopeFrom: '',
+      mailArgs: ['SIZE=1234', 'BODY=8BITMIME'],
+      recipients: ['a@svc.test', 'b@svc.test'],
+    });
+    assert.equal(macros.get('v'), 'Postfix 3.7.11');
+    assert.equal(macros.get('{rcpt_addr}'), 'b@svc.test');
+    assert.equal(macros.get('i'), QUEUE_ID);
+    assert.deepEqual(
+      message.headers.map((h) => [h.name, h.value]),
+      fields,
+    );
+    const rebuilt = message.headers.map((h) => `${h.name}:${h.value.replaceAll('\n', '\r\n')}\r\n`).join('');
+    assert.deepEqual(
+      Buffer.from(rebuilt),
+      Buffer.from(fields.map(([n, v]) => `${n}:${v.replaceAll('\n', '\r\n')}\r\n`).join('')),
+    );
+    assert.equal(Buffer.concat(message.chunks).toString(), 'Hello\r\nWorld\r\n');
+    assert.deepEqual([message.ended, message.aborted], [1, 0]);
+  });
+
+  test('a client without a verified name has clientName null', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    mta.connectInfo('[127.0.0.2]', '127.0.0.2');
+    mta.mail('<s@allowed.test>');
+    mta.rcpt('<good@svc.test>');
+    assert.deepEqual([show(await mta.read()), show(await mta.read())], ['c', 'c']);
+    assert.equal(await headers(mta, []), 'c');
+    assert.equal(handler.messages[0]?.envelope.clientName, null);
+    assert.equal(handler.messages[0]?.envelope.clientAddress, '127.0.0.2');
+    assert.equal(handler.messages[0]?.envelope.helo, null);
+  });
+
+  test('a reject is one replycode with the exact text, % doubled; a defer likewise', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, [['Subject', ' a']]), 'c');
+    handler.end = async () => ({
+      verdict: { kind: 'reject', code: 555, dsn: '5.7.1', text: 'svc.test: 100% of quota used' },
+    });
+    assert.deepEqual(await bodyAndEnd(mta, ['x\r\n']), ['c', 'y555 5.7.1 svc.test: 100%% of quota used\0']);
+
+    mta.abort();
+    await envelope(mta);
+    assert.equal(await headers(mta, [['Subject', ' b']]), 'c');
+    handler.end = async () => ({
+      verdict: { kind: 'defer', code: 451, dsn: '4.7.1', text: 'svc.test: sender not allowed' },
+    });
+    assert.deepEqual(await bodyAndEnd(mta, []), ['y451 4.7.1 svc.test: sender not allowed\0']);
+  });
+});
+
+describe('sizes', () => {
+  test('a full 65535-byte body chunk passes through unchanged', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    const chunk = Buffer.alloc(65535, 'a');
+    mta.body(chunk);
+    assert.equal(show(await mta.read()), 'c');
+    assert.deepEqual(handler.messages[0]?.chunks, [chunk]);
+  });
+
+  test('headers beyond MAX_HEADER_BYTES fail the message at EOH without asking the handler', async () => {
+    const { mta, handler, logs } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    const big = ` ${'x'.repeat(100_000)}`;
+    assert.equal(
+      await headers(
+        mta,
+        Array.from({ length: 11 }, (): [string, string] => ['X-Big', big]),
+      ),
+      't',
+    );
+    assert.equal(handler.messages.length, 0);
+    assert.equal(
+      logs.some((l) => l.msg === 'milter message headers too large; tempfail'),
+      true,
+    );
+  });
+});
+
+describe('failures become tempfail', () => {
+  test('beginMessage throwing answers EOH with t, logs, and the next transaction still works', async () => {
+    const { mta, handler, logs } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    handler.begin = () => {
+      throw new Error('database down');
+    };
+    assert.equal(await headers(mta, [['Subject', ' a']]), 't');
+    const line = logs.find((l) => l.msg === 'milter handler failed');
+    assert.equal(line?.stage, 'beginMessage');
+    assert.equal(line?.queue_id, QUEUE_ID);
+    assert.match(String(line?.error), /database down/);
+
+    mta.abort();
+    handler.begin = () => {};
+    await envelope(mta);
+    assert.equal(await headers(mta, [['Subject', ' b']]), 'c');
+    assert.deepEqual(await bodyAndEnd(mta, ['x\r\n']), ['c', 'c']);
+  });
+
+  test('body() rejecting answers that chunk with t and aborts the consumer; end() is never called', async () => {
+    const { mta, handler, logs } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    handler.body = async () => {
+      throw new Error('write failed');
+    };
+    mta.body('x\r\n');
+    assert.equal(show(await mta.read()), 't');
+    assert.deepEqual([handler.messages[0]?.ended, handler.messages[0]?.aborted], [0, 1]);
+    assert.equal(logs.filter((l) => l.msg === 'milter handler failed').length, 1);
+  });
+
+  test('end() rejecting, or a verdict Postfix would refuse, answers t', async () => {
+    const { mta, handler, logs } = await setup();
+    await mta.negotiate();
+    for (const end of [
+      async () => {
+        throw new Error('dns down');
+      },
+      async () => ({ verdict: { kind: 'defer' as const, code: 550, dsn: '5.7.1', text: 'wrong class' } }),
+    ]) {
+      handler.end = end;
+      await envelope(mta);
+      assert.equal(await headers(mta, []), 'c');
+      assert.deepEqual(await bodyAndEnd(mta, ['x\r\n']), ['c', 't']);
+    }
+    assert.deepEqual(
+      logs.filter((l) => l.msg === 'milter handler failed').map((l) => l.stage),
+      ['end', 'end'],
+    );
+    assert.deepEqual(
+      handler.messages.map((m) => m.aborted),
+      [0, 0],
+    );
+  });
+});
+
+describe('transactions', () => {
+  test('ABORT ends the consumer with abort(); the next transaction has a fresh envelope and macros', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    await envelope(mta, '<s@allowed.test>', ['<a@svc.test>', '<b@svc.test>']);
+    assert.equal(await headers(mta, [['Subject', ' first']], 'QUEUE1'), 'c');
+    mta.body('x\r\n');
+    assert.equal(show(await mta.read()), 'c');
+    mta.abort();
+
+    mta.mail('<t@allowed.test>');
+    mta.rcpt('<c@svc.test>');
+    assert.deepEqual([show(await mta.read()), show(await mta.read())], ['c', 'c']);
+    mta.header('Subject', ' second');
+    mta.eoh(); // no macros this time: the first transaction's `i` must not leak
+    assert.equal(show(await mta.read()), 'c');
+
+    const [first, second] = handler.messages;
+    assert.deepEqual([first?.aborted, first?.ended], [1, 0]);
+    assert.equal(first?.envelope.queueId, 'QUEUE1');
+    assert.deepEqual(second?.envelope.recipients, ['c@svc.test']);
+    assert.equal(second?.envelope.envelopeFrom, 't@allowed.test');
+    assert.equal(second?.envelope.queueId, '');
+    assert.equal(second?.envelope.macros.has('{rcpt_addr}'), false);
+    assert.equal(second?.envelope.macros.get('j'), 'mx.svc.test'); // connection macros stay
+    assert.deepEqual(second?.headers, [{ name: 'Subject', value: ' second' }]);
+  });
+
+  test('a new MAIL in the middle of a message aborts the consumer', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    mta.mail('<s@allowed.test>');
+    assert.equal(show(await mta.read()), 'c');
+    assert.equal(handler.messages[0]?.aborted, 1);
+  });
+
+  test('QUIT closes the connection and aborts a message in progress; so does a lost connection', async () => {
+    const { mta, handler, milter } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    mta.quit();
+    assert.equal(await closedWithin(mta, 1000), true);
+    assert.equal(handler.messages[0]?.aborted, 1);
+
+    const other = await MtaClient.connect(milter.address);
+    clients.push(other);
+    await other.negotiate();
+    await envelope(other);
+    assert.equal(await headers(other, []), 'c');
+    other.close();
+    await sleep(50);
+    assert.equal(handler.messages[1]?.aborted, 1);
+  });
+});
+
+describe('flow control', () => {
+  test('while end() is slow, progress packets keep Postfix waiting, then the verdict follows', async () => {
+    const { mta, handler } = await setup(50);
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    handler.end = async () => {
+      await sleep(240);
+      return { verdict: ACCEPT };
+    };
+    const replies = await bodyAndEnd(mta, ['x\r\n']);
+    assert.equal(replies.at(-1), 'c');
+    const progress = replies.slice(1, -1);
+    assert.ok(progress.length >= 3, `only ${progress.length} progress packets`);
+    assert.deepEqual(new Set(progress), new Set(['p']));
+  });
+
+  test('the next packet is not handled before body() resolves', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    let release = () => {};
+    handler.body = () => new Promise<void>((resolve) => (release = resolve));
+    mta.body('one\r\n');
+    await sleep(30); // separate reads, so only our pausing can hold them back
+    mta.body('two\r\n');
+    await sleep(30);
+    mta.eob();
+    assert.deepEqual(await mta.pending(150), []);
+    assert.equal(handler.messages[0]?.chunks.length, 1);
+    handler.body = async () => {};
+    release();
+    assert.deepEqual(
+      [show(await mta.read()), show(await mta.read()), show(await mta.read())],
+      ['c', 'c', 'c'],
+    );
+    assert.deepEqual(handler.messages[0]?.chunks.map(String), ['one\r\n', 'two\r\n']);
+    assert.equal(handler.messages[0]?.ended, 1);
+  });
+});
+
+describe('protocol errors close the connection', () => {
+  /** name, whether to negotiate first, the misbehaviour */
+  const cases: [string, boolean, (mta: MtaClient) => void][] = [
+    ['a packet length of 0', false, (mta) => mta.socket.write(Buffer.alloc(4))],
+    [
+      'a packet length over the maximum',
+      false,
+      (mta) => mta.socket.write(Buffer.from([0x7f, 0xff, 0xff, 0xff])),
+    ],
+    ['garbage', false, (mta) => mta.socket.write('GET / HTTP/1.1\r\n\r\n')],
+    ['a second negotiation', true, (mta) => void mta.negotiate().catch(() => {})],
+    ['a CONNECT without its NUL', true, (mta) => mta.send('C', 'host')],
+    ['a RCPT outside a transaction', true, (mta) => mta.rcpt('<a@svc.test>')],
+    [
+      'a BODY before EOH',
+      true,
+      (mta) => {
+        mta.mail('<s@allowed.test>');
+        mta.body('x');
+      },
+    ],
+  ];
+  for (const [name, negotiateFirst, misbehave] of cases) {
+    test(name, async () => {
+      const { mta, logs } = await setup();
+      if (negotiateFirst) await mta.negotiate();
+      misbehave(mta);
+      assert.equal(await closedWithin(mta, 1000), true);
+      assert.equal(
+        logs.some((l) => l.msg === 'milter protocol error; disconnecting'),
+        true,
+      );
+    });
+  }
+
+  test('a command before negotiation', async () => {
+    const { mta, logs } = await setup();
+    mta.mail('<s@allowed.test>');
+    assert.equal(await closedWithin(mta, 1000), true);
+    assert.equal(
+      logs.find((l) => l.msg === 'milter protocol error; disconnecting')?.reason,
+      "'M' before SMFIC_OPTNEG",
+    );
+  });
+
+  test('an unrecognized command is logged and ignored', async () => {
+    const { mta, logs } = await setup();
+    await mta.negotiate();
+    mta.send('Z', 'future\0');
+    mta.mail('<s@allowed.test>');
+    assert.equal(show(await mta.read()), 'c');
+    assert.equal(logs.find((l) => l.msg === 'milter command not recognized; ignored')?.command, 'Z');
+  });
+});
