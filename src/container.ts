@@ -7,6 +7,7 @@ import { type DependencyContainer, instanceCachingFactory, container as rootCont
 import type { Config } from './config/config.ts';
 import { Access } from './core/access.ts';
 import { type Clock, systemClock } from './core/clock.ts';
+import { DeliveryService } from './core/delivery-service.ts';
 import { DownloadService } from './core/download-service.ts';
 import { InboxService } from './core/inbox-service.ts';
 import { MessageAdmission } from './core/message-admission.ts';
@@ -50,6 +51,7 @@ export const TOKENS = {
   RecipientAdmission: Symbol('RecipientAdmission'),
   MessageAdmission: Symbol('MessageAdmission'),
   MilterCheck: Symbol('MilterCheck'),
+  DeliveryService: Symbol('DeliveryService'),
 } as const;
 
 export interface ContainerOptions {
@@ -147,6 +149,10 @@ export function buildContainer(
   single(
     TOKENS.MilterCheck,
     () => new MilterCheck(get(TOKENS.MessageAdmission), get(TOKENS.Authenticator), config.authservId),
+  );
+  single(
+    TOKENS.DeliveryService,
+    () => new DeliveryService(get(TOKENS.MessageStore), get(TOKENS.Clock), config, get(TOKENS.Log)),
   );
   return c;
 }

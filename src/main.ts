@@ -1,23 +1,35 @@
 /**
- * main - the one binary: `node src/main.ts api | migrate | all`.
+ * main - the one binary: `node src/main.ts api | policy | milter | lmtp | migrate | all`.
  *
- * `all` migrates and runs every daemon in one process (the small install `make run` uses).
- * Configuration comes from the environment only; a bad value stops the process naming the variable.
+ * `all` migrates, runs every daemon in one process and starts a private Postfix instance under
+ * RUN_DIR/postfix listening on SMTP_HOST:SMTP_PORT (the small install `make run` uses); Postfix's log
+ * is followed onto stdout. Configuration comes from the environment only; a bad value stops the process
+ * naming the variable. SIGTERM or SIGINT stops Postfix first, then the daemons, then closes the pool.
  */
-import type { Server } from 'node:http';
 import { ConfigError, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
 import { buildContainer, TOKENS } from './container.ts';
 import { startApi } from './daemons/api.ts';
+import { startLmtp } from './daemons/lmtp.ts';
+import { startMilter } from './daemons/milter.ts';
+import { startPolicy } from './daemons/policy.ts';
 import { createLog } from './log.ts';
+import { followMaillog } from './postfix/follow-maillog.ts';
+import { PostfixInstance } from './postfix/instance.ts';
 import type { Database } from './storage/database.ts';
 import { migrate } from './storage/migrate.ts';
 
-const ENTRIES = ['api', 'migrate', 'all'] as const;
+const ENTRIES = ['api', 'policy', 'milter', 'lmtp', 'migrate', 'all'] as const;
+type Entry = (typeof ENTRIES)[number];
+
+interface Running {
+  name: string;
+  close(): Promise<unknown>;
+}
 
 async function main(argv: string[]): Promise<void> {
-  const entry = argv[0] ?? 'all';
-  if (!(ENTRIES as readonly string[]).includes(entry)) {
+  const entry = (argv[0] ?? 'all') as Entry;
+  if (!ENTRIES.includes(entry)) {
     process.stderr.write(`usage: node src/main.ts ${ENTRIES.join(' | ')}\n`);
     process.exit(64);
   }
@@ -28,28 +40,77 @@ async function main(argv: string[]): Promise<void> {
     log({ msg: 'migrated', applied });
     if (entry === 'migrate') return;
   }
-  const container = buildContainer(config, { log: createLog('api') });
-  const servers: Server[] = [await startApi(container)];
-  log({
-    msg: 'listening',
-    api: `http://${config.apiHost}:${config.apiPort}`,
-    public_base_url: config.publicBaseUrl,
-  });
-
-  const stop = (signal: string) => {
+  const all = entry === 'all';
+  const container = buildContainer(config, { log: createLog('api'), poolSize: all ? 20 : 10 });
+  const running: Running[] = [];
+  const stop = async (signal: string) => {
     log({ msg: 'stopping', signal });
-    for (const server of servers) {
-      server.close();
-      server.closeIdleConnections();
-    }
-    const timer = setTimeout(() => process.exit(1), 10_000);
+    const timer = setTimeout(() => process.exit(1), 40_000);
     timer.unref();
-    Promise.all(servers.map((s) => new Promise((resolve) => s.once('close', resolve))))
-      .then(() => container.resolve<Database>(TOKENS.Database).close())
-      .then(() => process.exit(0));
+    // Postfix first, so no new delivery starts; then each daemon finishes what it has in flight.
+    for (const item of running.reverse()) {
+      await item
+        .close()
+        .catch((error: unknown) =>
+          log({ level: 'error', msg: 'stop failed', name: item.name, error: String(error) }),
+        );
+    }
+    await container.resolve<Database>(TOKENS.Database).close();
+    process.exit(0);
   };
-  process.once('SIGTERM', () => stop('SIGTERM'));
-  process.once('SIGINT', () => stop('SIGINT'));
+  process.once('SIGTERM', () => void stop('SIGTERM'));
+  process.once('SIGINT', () => void stop('SIGINT'));
+
+  if (entry === 'api' || all) {
+    const server = await startApi(container);
+    running.push({
+      name: 'api',
+      close: () =>
+        new Promise((resolve) => {
+          server.close(resolve);
+          server.closeIdleConnections();
+        }),
+    });
+    log({
+      msg: 'listening',
+      api: `http://${config.apiHost}:${config.apiPort}`,
+      public_base_url: config.publicBaseUrl,
+    });
+  }
+  if (entry === 'policy' || all) {
+    const server = await startPolicy(container, createLog('policy'));
+    running.push({ name: 'policy', close: () => server.close() });
+    log({ msg: 'listening', policy: server.address });
+  }
+  if (entry === 'milter' || all) {
+    const server = await startMilter(container, createLog('milter'));
+    running.push({ name: 'milter', close: () => server.close() });
+    log({ msg: 'listening', milter: server.address });
+  }
+  if (entry === 'lmtp' || all) {
+    const server = await startLmtp(container, createLog('lmtp'));
+    running.push({ name: 'lmtp', close: () => server.close() });
+    log({ msg: 'listening', lmtp: server.address });
+  }
+  if (all) {
+    const postfix = PostfixInstance.forService(config);
+    await postfix.stop(); // a master left running by a previous run that was killed
+    await postfix.prepare();
+    const following = followMaillog(postfix.dirs.maillogFile, createLog('postfix'));
+    await postfix.start();
+    running.push({
+      name: 'postfix',
+      close: async () => {
+        await postfix.stop();
+        following.stop();
+      },
+    });
+    log({
+      msg: 'listening',
+      smtp: `${postfix.smtp.host}:${postfix.smtp.port}`,
+      mail_domain: config.mailDomain,
+    });
+  }
 }
 
 main(process.argv.slice(2)).catch((error: unknown) => {

@@ -1,0 +1,220 @@
+/**
+ * authentication-results - the contract's `authentication` object (section 2 "Message summary"), read
+ * from the Authentication-Results field our milter put at the top of the message (DESIGN decision 6,
+ * RFC 8601). Pure, no I/O.
+ *
+ * Invariants:
+ * - only the FIRST header field of the message is read, and only if it is Authentication-Results with
+ *   our authserv-id (compared case-insensitively, comments removed). A field further down, or one with
+ *   another authserv-id, was written by someone else and never counts: the answer is then null;
+ * - anything the tokenizer cannot read as RFC 8601 section 2.2 gives null ("missing or unreadable"),
+ *   never a partial object, and never an exception;
+ * - bounded: a first field longer than MAX_FIELD_CHARS (64 Ki characters) is unreadable; the tokenizer
+ *   is one linear pass.
+ */
+
+import { headerFields } from './message-summary.ts';
+import type { Authentication } from './model.ts';
+
+export const MAX_FIELD_CHARS = 64 * 1024;
+
+/** One `method=result` element (RFC 8601 `resinfo`). Keys of `properties` are lowercase `ptype.property`. */
+export interface ResultInfo {
+  /** Lowercase, without its `/version`. */
+  method: string;
+  /** Lowercase. */
+  result: string;
+  reason: string | null;
+  properties: Map<string, string>;
+}
+
+export interface AuthenticationResults {
+  /** Lowercase. */
+  authservId: string;
+  results: ResultInfo[];
+}
+
+type Token = { kind: 'word' | 'quoted' | ';' | '='; text: string; spaced: boolean };
+
+/**
+ * Splits an unfolded field value into words, quoted strings (unescaped), `;` and `=`. Comments (nested,
+ * with `\` escapes; RFC 5322 section 3.2.2) count as whitespace; a `(` or `;` inside a quoted string is
+ * text. Returns null for an unterminated comment or quoted string.
+ */
+function tokenize(value: string): Token[] | null {
+  const tokens: Token[] = [];
+  let spaced = false;
+  let i = 0;
+  while (i < value.length) {
+    const c = value[i] as string;
+    if (c === ' ' || c === '\t' || c === '\r' || c === '\n') {
+      spaced = true;
+      i++;
+    } else if (c === '(') {
+      let depth = 0;
+      for (; i < value.length; i++) {
+        const d = value[i];
+        if (d === '\\') i++;
+        else if (d === '(') depth++;
+        else if (d === ')' && --depth === 0) break;
+      }
+      if (depth !== 0) return null;
+      spaced = true;
+      i++;
+    } else if (c === ')') {
+      return null;
+    } else if (c === '"') {
+      let text = '';
+      for (i++; i < value.length && value[i] !== '"'; i++) {
+        if (value[i] === '\\') i++;
+        text += value[i] ?? '';
+      }
+      if (i >= value.length) return null;
+      tokens.push({ kind: 'quoted', text, spaced });
+      spaced = false;
+      i++;
+    } else if (c === ';' || c === '=') {
+      tokens.push({ kind: c, text: c, spaced });
+      spaced = false;
+      i++;
+    } else {
+      const start = i;
+      while (i < value.length && !' \t\r\n()";='.includes(value[i] as string)) i++;
+      tokens.push({ kind: 'word', text: value.slice(start, i), spaced });
+      spaced = false;
+    }
+  }
+  return tokens;
+}
+
+const KEYWORD = /^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$/i;
+
+/**
+ * `key = value` pairs of one element after its `method=result`: the key is the words before `=`
+ * (`header` `.` `from` joins to `header.from`), the value a word or quoted string, extended by tokens
+ * that follow without whitespace (a base64 `header.b=ab+/=` written unquoted).
+ */
+function readPairs(tokens: Token[], start: number): [string, string][] | null {
+  const pairs: [string, string][] = [];
+  let i = start;
+  while (i < tokens.length) {
+    let key = '';
+    while (tokens[i]?.kind === 'word') key += (tokens[i++] as Token).text;
+    if (!key || tokens[i]?.kind !== '=') return null;
+    i++;
+    const first = tokens[i];
+    if (!first || (first.kind !== 'word' && first.kind !== 'quoted')) return null;
+    let value = first.text;
+    for (i++; i < tokens.length && !(tokens[i] as Token).spaced; i++) value += (tokens[i] as Token).text;
+    pairs.push([key.toLowerCase(), value]);
+  }
+  return pairs;
+}
+
+/** One `method[/version]=result [reason=...] ptype.property=value ...` element; null if malformed. */
+function readResult(tokens: Token[]): ResultInfo | null {
+  let i = 0;
+  let method = '';
+  while (tokens[i]?.kind === 'word') method += (tokens[i++] as Token).text;
+  method = method.split('/')[0] ?? '';
+  const result = tokens[i + 1];
+  if (!KEYWORD.test(method) || tokens[i]?.kind !== '=' || result?.kind !== 'word') return null;
+  if (!KEYWORD.test(result.text)) return null;
+  const pairs = readPairs(tokens, i + 2);
+  if (!pairs) return null;
+  const info: ResultInfo = {
+    method: method.toLowerCase(),
+    result: result.text.toLowerCase(),
+    reason: null,
+    properties: new Map(),
+  };
+  for (const [key, value] of pairs) {
+    if (key === 'reason') info.reason = value;
+    else if (/^[a-z0-9-]+\.[^.]+$/.test(key) && !info.properties.has(key)) info.properties.set(key, value);
+    else if (!key.includes('.')) return null;
+  }
+  return info;
+}
+
+/** Parses an Authentication-Results field value (after the colon, unfolded); null when unreadable. */
+export function parseAuthenticationResults(value: string): AuthenticationResults | null {
+  if (value.length > MAX_FIELD_CHARS) return null;
+  const tokens = tokenize(value);
+  if (!tokens) return null;
+  const elements: Token[][] = [[]];
+  for (const token of tokens) {
+    if (token.kind === ';') elements.push([]);
+    else (elements[elements.length - 1] as Token[]).push(token);
+  }
+  const [head = [], ...rest] = elements;
+  const [id, version, ...extra] = head;
+  if (!id || id.kind === ';' || id.kind === '=' || !id.text || extra.length > 0) return null;
+  if (version && !(version.kind === 'word' && /^\d+$/.test(version.text))) return null;
+  const results: ResultInfo[] = [];
+  for (const element of rest) {
+    // `; none` means no results (RFC 8601 no-result); a trailing `;` leaves an empty element.
+    if (element.length === 0 || (element.length === 1 && element[0]?.text.toLowerCase() === 'none')) continue;
+    const info = readResult(element);
+    if (!info) return null;
+    results.push(info);
+  }
+  return { authservId: id.text.toLowerCase(), results };
+}
+
+/** The domain of `local@domain`, or the value itself when it is a bare domain; lowercase; null if empty. */
+function domainOf(identity: string | undefined): string | null {
+  if (identity === undefined) return null;
+  const domain = identity
+    .slice(identity.lastIndexOf('@') + 1)
+    .replaceAll('\0', '')
+    .trim()
+    .replace(/\.$/, '')
+    .toLowerCase();
+  return domain || null;
+}
+
+/** Relaxed alignment as the brief defines it: equal, or one a subdomain of the other. */
+const aligned = (a: string, b: string): boolean => a === b || a.endsWith(`.${b}`) || b.endsWith(`.${a}`);
+
+const NONE = { result: 'none', domain: null } as const;
+
+/** The contract's object from parsed results (contract section 2; MAIL-FACTS E.4 mapping). */
+export function toAuthentication(field: AuthenticationResults): Authentication {
+  const first = (method: string) => field.results.find((r) => r.method === method);
+  const dmarc = first('dmarc');
+  const fromDomain = domainOf(dmarc?.properties.get('header.from'));
+  const dkimDomain = (r: ResultInfo) =>
+    domainOf(r.properties.get('header.d')) ?? domainOf(r.properties.get('header.i'));
+  const dkims = field.results.filter((r) => r.method === 'dkim');
+  const passes = dkims.filter((r) => r.result === 'pass');
+  const dkim =
+    passes.find((r) => {
+      const d = dkimDomain(r);
+      return fromDomain !== null && d !== null && aligned(d, fromDomain);
+    }) ??
+    passes[0] ??
+    dkims[0];
+  const spf = first('spf');
+  return {
+    dmarc: dmarc ? { result: dmarc.result, domain: fromDomain } : { ...NONE },
+    dkim: dkim ? { result: dkim.result, domain: dkimDomain(dkim) } : { ...NONE },
+    spf: spf
+      ? {
+          result: spf.result,
+          domain: domainOf(spf.properties.get('smtp.mailfrom')) ?? domainOf(spf.properties.get('smtp.helo')),
+        }
+      : { ...NONE },
+  };
+}
+
+/**
+ * The `authentication` object of a stored message from its header block: null unless the first field is
+ * a readable Authentication-Results with authserv-id `authservId`.
+ */
+export function readAuthentication(head: Buffer, authservId: string): Authentication | null {
+  const [firstField] = headerFields(head);
+  if (firstField?.name.toLowerCase() !== 'authentication-results') return null;
+  const parsed = parseAuthenticationResults(firstField.value);
+  if (!parsed || parsed.authservId !== authservId.toLowerCase()) return null;
+  return toAuthentication(parsed);
+}

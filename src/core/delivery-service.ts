@@ -1,0 +1,285 @@
+/**
+ * delivery-service - stores one LMTP delivery (one message, its recipients) and decides one reply per
+ * recipient (DESIGN decisions 1, 5, 6, 7). The LMTP adapter translates; this decides.
+ *
+ * Invariants:
+ * - one verdict per recipient, in the order given, duplicates included; only 2xx or 4xx, never a 5xx
+ *   (the message is already queued: a bounce now would be backscatter, DESIGN decision 1);
+ * - a recipient that is not `<inbox_id>@<mail domain>`, or whose inbox no longer exists, is answered
+ *   250 and nothing is stored (logged); a store that fails for any other reason is a 451 4.3.0 for the
+ *   recipients of that inbox (logged with the queue id), so Postfix retries;
+ * - idempotent per (inbox, queue id): a redelivery of a stored queue id answers 250 and stores nothing.
+ *   Without a queue id (no XFORWARD IDENT) a unique one is made up: that delivery loses idempotency;
+ * - streaming: the header block (at most maxHeaderBytes) is read first for the summary and the
+ *   authentication verdict, then the bytes go to every recipient inbox at once through a tee that holds
+ *   one incoming piece; memory per delivery is the header buffer plus each store's chunk, never the
+ *   message size;
+ * - the message stream is owned by `deliver` from the call on: it is read to its end before `deliver`
+ *   resolves, whatever happened. `deliver` never rejects;
+ * - at most maxParallelStores inbox stores run at once in this service (each holds a database connection
+ *   while its bytes arrive, and a tee waiting for a store that waits for a connection would never move).
+ *   Distinct inboxes of one delivery beyond that bound get 452 4.5.3; Postfix sends them again.
+ */
+import type { Readable } from 'node:stream';
+import type { Log } from '../log.ts';
+import { readAuthentication } from './authentication-results.ts';
+import type { Clock } from './clock.ts';
+import { type BodyTee, readHead, Slots, teeBody } from './delivery-streams.ts';
+import { INBOX_ID, randomBase32 } from './ids.ts';
+import { MAX_HEADER_BYTES, type MessageSummary, summarizeMessage } from './message-summary.ts';
+import type { DeliverySummary, MessageStore } from './ports.ts';
+import type { Refusal } from './verdict.ts';
+
+export interface DeliveryEnvelope {
+  /** Postfix's queue id (XFORWARD IDENT); null when the client sent none. */
+  queueId: string | null;
+  /** MAIL FROM, '' for the null sender. */
+  envelopeFrom: string;
+  /** RCPT TO addresses, in order, one per accepted RCPT (duplicates included). */
+  recipients: string[];
+}
+
+export interface DeliverySettings {
+  mailDomain: string;
+  /** The authserv-id of our milter's Authentication-Results field. */
+  authservId: string;
+  /** Bytes of header block read before storing (default MAX_HEADER_BYTES, 256 KiB). */
+  maxHeaderBytes?: number;
+  /** Inbox stores running at once in this service (default 8); keep it below the database pool size. */
+  maxParallelStores?: number;
+  /** A store that holds the others back this long is given up (451) so they go on (default 60 s). */
+  stallMs?: number;
+}
+
+/** An accept carries the text after `250` for the log of the peer (Postfix's `status=sent (...)`). */
+export type DeliveryVerdict = { kind: 'accept'; dsn: string; text: string } | Refusal;
+
+type Outcome =
+  | { kind: 'stored' | 'duplicate'; messageId: string }
+  | { kind: 'discarded' | 'failed' | 'too_many' };
+
+const DEFAULT_PARALLEL_STORES = 8;
+/** Postfix queue ids are alphanumeric (long ids: up to 16 characters); anything printable is taken. */
+const QUEUE_ID = /^[\x21-\x7e]{1,64}$/;
+const DEFAULT_STALL_MS = 60_000;
+
+export class DeliveryService {
+  readonly #store: MessageStore;
+  readonly #clock: Clock;
+  readonly #log: Log;
+  readonly #mailDomain: string;
+  readonly #authservId: string;
+  readonly #maxHeaderBytes: number;
+  readonly #stallMs: number;
+  readonly #slots: Slots;
+
+  constructor(store: MessageStore, clock: Clock, settings: DeliverySettings, log: Log) {
+    this.#store = store;
+    this.#clock = clock;
+    this.#log = log;
+    this.#mailDomain = settings.mailDomain.toLowerCase();
+    this.#authservId = settings.authservId.toLowerCase();
+    this.#maxHeaderBytes = settings.maxHeaderBytes ?? MAX_HEADER_BYTES;
+    this.#stallMs = settings.stallMs ?? DEFAULT_STALL_MS;
+    this.#slots = new Slots(Math.max(1, settings.maxParallelStores ?? DEFAULT_PARALLEL_STORES));
+  }
+
+  /**
+   * Stores `message` in the inbox of every recipient and answers one verdict per recipient, in order.
+   * Consumes `message` to its end; never rejects.
+   */
+  async deliver(
+    envelope: DeliveryEnvelope,
+    message: AsyncIterable<Buffer> | Readable,
+  ): Promise<DeliveryVerdict[]> {
+    const started = Date.now();
+    const source: AsyncIterator<Buffer> = message[Symbol.asyncIterator]();
+    let queueId = envelope.queueId;
+    if (!queueId || !QUEUE_ID.test(queueId)) {
+      queueId = `local-${randomBase32(20)}`;
+      this.#log({
+        level: 'warn',
+        msg: 'delivery without a usable XFORWARD IDENT: not idempotent',
+        queue_id: queueId,
+        ident: envelope.queueId?.slice(0, 100) ?? null,
+      });
+    }
+    // The null sender is ''; a NUL (which Postgres text refuses) would otherwise defer forever.
+    const envelopeFrom = envelope.envelopeFrom.replaceAll('\0', '');
+    const inboxOf = envelope.recipients.map((address) => this.#inboxOf(address));
+    const targets = [...new Set(inboxOf.filter((id): id is string => id !== null))];
+    const storing = targets.slice(0, this.#slots.size);
+    const outcomes = new Map<string, Outcome>(
+      targets.slice(storing.length).map((id) => [id, { kind: 'too_many' }]),
+    );
+    let bytes = 0;
+    let tee: BodyTee | undefined;
+    try {
+      const head = await readHead(source, this.#maxHeaderBytes);
+      const summary = this.#summarize(head.bytes, envelopeFrom, queueId);
+      const now = this.#clock.now();
+      tee = teeBody(head, source, storing.length, this.#stallMs, (i) =>
+        this.#log({
+          level: 'warn',
+          msg: 'store stalled; deferring',
+          queue_id: queueId,
+          inbox_id: storing[i],
+        }),
+      );
+      const body = tee;
+      await this.#slots.acquire(storing.length);
+      try {
+        await Promise.all(
+          storing.map((inboxId, i) =>
+            this.#store
+              .store(
+                { inboxId, queueId, envelopeFrom, summary, now },
+                body.branches[i] as AsyncIterable<Buffer>,
+              )
+              .then(
+                (stored): Outcome => stored,
+                (error: unknown): Outcome => this.#failure(error, queueId, inboxId),
+              )
+              .then((outcome) => {
+                outcomes.set(inboxId, outcome);
+                body.detach(i);
+              }),
+          ),
+        );
+      } finally {
+        this.#slots.release(storing.length);
+      }
+    } catch (error) {
+      // Reading the message failed (the client went away): nothing was stored; its replies are moot.
+      this.#log({
+        level: 'warn',
+        msg: 'reading the message failed',
+        queue_id: queueId,
+        error: describe(error),
+      });
+      for (const id of storing) if (!outcomes.has(id)) outcomes.set(id, { kind: 'failed' });
+    } finally {
+      await tee?.drain();
+      bytes = tee?.bytes ?? 0;
+    }
+    if (!tee) await drainSource(source);
+
+    const verdicts = envelope.recipients.map((address, i) => {
+      const inboxId = inboxOf[i] ?? null;
+      if (inboxId === null) {
+        this.#log({
+          level: 'warn',
+          msg: 'recipient not stored: not an inbox address',
+          queue_id: queueId,
+          recipient: address,
+        });
+        return this.#verdict({ kind: 'discarded' });
+      }
+      return this.#verdict(outcomes.get(inboxId) ?? { kind: 'failed' });
+    });
+    const count = (kind: Outcome['kind']) => [...outcomes.values()].filter((o) => o.kind === kind).length;
+    this.#log({
+      msg: 'delivery',
+      queue_id: queueId,
+      recipients: envelope.recipients.length,
+      stored: count('stored'),
+      duplicate: count('duplicate'),
+      discarded: count('discarded') + inboxOf.filter((id) => id === null).length,
+      deferred: count('failed') + count('too_many'),
+      bytes,
+      ms: Date.now() - started,
+    });
+    return verdicts;
+  }
+
+  /** The inbox id of `<inbox_id>@<mail domain>` (both compared lowercased), else null. */
+  #inboxOf(address: string): string | null {
+    const at = address.lastIndexOf('@');
+    const local = address.slice(0, Math.max(0, at)).toLowerCase();
+    if (at <= 0 || address.slice(at + 1).toLowerCase() !== this.#mailDomain) return null;
+    return INBOX_ID.test(local) ? local : null;
+  }
+
+  /** The summary and authentication verdict; a parser bug degrades to the envelope, never to a 4xx loop. */
+  #summarize(head: Buffer, envelopeFrom: string, queueId: string): DeliverySummary {
+    let summary: MessageSummary = {
+      fromName: null,
+      fromAddress: envelopeFrom || null,
+      subject: null,
+      internetMessageId: null,
+    };
+    let authentication: DeliverySummary['authentication'] = null;
+    try {
+      summary = summarizeMessage(head, envelopeFrom, this.#maxHeaderBytes);
+      authentication = readAuthentication(head, this.#authservId);
+    } catch (error) {
+      this.#log({ level: 'error', msg: 'header parsing failed', queue_id: queueId, error: describe(error) });
+    }
+    return { ...summary, authentication };
+  }
+
+  #failure(error: unknown, queueId: string, inboxId: string): Outcome {
+    // 23503 foreign_key_violation: the inbox row is gone (purged after expiry) - nothing to store into.
+    if ((error as { code?: unknown } | null)?.code === '23503') {
+      this.#log({
+        level: 'warn',
+        msg: 'recipient not stored: no such inbox',
+        queue_id: queueId,
+        inbox_id: inboxId,
+      });
+      return { kind: 'discarded' };
+    }
+    this.#log({
+      level: 'error',
+      msg: 'store failed; deferring',
+      queue_id: queueId,
+      inbox_id: inboxId,
+      error: describe(error),
+    });
+    return { kind: 'failed' };
+  }
+
+  #verdict(outcome: Outcome): DeliveryVerdict {
+    switch (outcome.kind) {
+      case 'stored':
+        return { kind: 'accept', dsn: '2.0.0', text: `${outcome.messageId} stored` };
+      case 'duplicate':
+        return { kind: 'accept', dsn: '2.0.0', text: `${outcome.messageId} already stored` };
+      case 'discarded':
+        return { kind: 'accept', dsn: '2.0.0', text: 'not stored: no such inbox' };
+      case 'too_many':
+        return {
+          kind: 'defer',
+          code: 452,
+          dsn: '4.5.3',
+          text: `${this.#mailDomain}: too many recipients, try again later`,
+        };
+      case 'failed':
+        return {
+          kind: 'defer',
+          code: 451,
+          dsn: '4.3.0',
+          text: `${this.#mailDomain}: temporary failure storing the message, try again later`,
+        };
+    }
+  }
+}
+
+/** Reads an iterator to its end, ignoring its errors (the stream must be consumed whatever happened). */
+async function drainSource(source: AsyncIterator<Buffer>): Promise<void> {
+  try {
+    while (!(await source.next()).done) {
+      // discard
+    }
+  } catch {
+    // nothing left to read
+  }
+}
+
+function describe(error: unknown): string {
+  if (error instanceof Error) {
+    const code = (error as { code?: unknown }).code;
+    return code ? `${error.message} (${String(code)})` : error.message;
+  }
+  return String(error);
+}

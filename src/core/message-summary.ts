@@ -1,0 +1,157 @@
+/**
+ * message-summary - the poll fields read from a message's header block (contract section 2 "Message
+ * summary"): `from`, `subject`, `internet_message_id`. Pure, no I/O.
+ *
+ * Invariants:
+ * - bounded: only the first MAX_HEADER_BYTES (256 KiB) of the header block are looked at; a field cut by
+ *   that bound is read as far as it goes. Each returned string is at most MAX_FIELD_CHARS characters;
+ * - never throws on any input: unreadable bytes decode as Latin-1, an undecodable encoded word stays as
+ *   written, and NUL characters (which Postgres text refuses) are dropped;
+ * - headers are unfolded (RFC 5322 section 2.2.3); raw bytes are UTF-8 (RFC 6532, SMTPUTF8) or, failing
+ *   that, Latin-1; RFC 2047 encoded words are decoded in `From:` display names and in `Subject:`.
+ * - `from` is the first mailbox of the first `From:` field, `{name, address}`, both nullable; with no
+ *   `From:` field (or an empty one) it is the envelope sender (null for the null sender `<>`).
+ */
+import { createRequire } from 'node:module';
+import addressparser from 'nodemailer/lib/addressparser';
+import type { DeliverySummary } from './ports.ts';
+
+// libmime ships no type declarations; this is the one function used.
+const libmime = createRequire(import.meta.url)('libmime') as { decodeWords(text: string): string };
+
+export const MAX_HEADER_BYTES = 256 * 1024;
+/** Longer strings are cut: the summary is shown in every poll, the full text is in the download. */
+export const MAX_FIELD_CHARS = 4096;
+
+export type MessageSummary = Omit<DeliverySummary, 'authentication'>;
+
+export interface HeaderField {
+  /** As written, without the colon. */
+  name: string;
+  /** Unfolded: line breaks removed, the folding whitespace kept; not trimmed. */
+  value: string;
+}
+
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
+/** Text of raw header bytes: UTF-8 when valid, else Latin-1 (every byte is then a character). */
+function decodeBytes(bytes: Buffer): string {
+  try {
+    return utf8.decode(bytes);
+  } catch {
+    return bytes.toString('latin1');
+  }
+}
+
+/**
+ * Length of the header block including the blank line that ends it (CRLF CRLF, or LF LF from a lenient
+ * sender), or -1 when `data` holds no end of header yet. A message opening with a blank line has no
+ * headers: 2 (or 1).
+ */
+export function headerBlockLength(data: Buffer, from = 0): number {
+  if (data[0] === 0x0a) return 1;
+  if (data[0] === 0x0d && data[1] === 0x0a) return 2;
+  // `from`: bytes before it were searched already; an end can start at most 2 bytes before it.
+  for (let i = data.indexOf(0x0a, Math.max(0, from - 2)); i !== -1; i = data.indexOf(0x0a, i + 1)) {
+    if (data[i + 1] === 0x0a) return i + 2;
+    if (data[i + 1] === 0x0d && data[i + 2] === 0x0a) return i + 3;
+  }
+  return -1;
+}
+
+/**
+ * The fields of a header block, in order, up to the blank line or `maxBytes`. A line that is neither a
+ * field nor a continuation is skipped; a continuation before any field is skipped.
+ */
+export function headerFields(head: Buffer, maxBytes = MAX_HEADER_BYTES): HeaderField[] {
+  const end = headerBlockLength(head);
+  const block = head.subarray(0, Math.min(end === -1 ? head.length : end, maxBytes));
+  const fields: HeaderField[] = [];
+  let current: Buffer[] | null = null;
+  const finish = () => {
+    if (!current) return;
+    const text = decodeBytes(Buffer.concat(current));
+    const colon = text.indexOf(':');
+    fields.push({ name: text.slice(0, colon).trim(), value: text.slice(colon + 1) });
+    current = null;
+  };
+  for (let start = 0; start < block.length; ) {
+    const newline = block.indexOf(0x0a, start);
+    const stop = newline === -1 ? block.length : newline;
+    const line = block.subarray(start, stop > start && block[stop - 1] === 0x0d ? stop - 1 : stop);
+    start = stop + 1;
+    if (line.length === 0) break;
+    if (line[0] === 0x20 || line[0] === 0x09) {
+      current?.push(line);
+      continue;
+    }
+    finish();
+    const colon = line.indexOf(0x3a);
+    // A field name is 1*ftext (RFC 5322 section 3.6.8), maybe followed by obsolete WSP before the colon.
+    if (colon > 0 && /^[\x21-\x39\x3b-\x7e]+[ \t]*$/.test(line.subarray(0, colon).toString('latin1'))) {
+      current = [line];
+    }
+  }
+  finish();
+  return fields;
+}
+
+/** Removes NULs and cuts to MAX_FIELD_CHARS (not inside a surrogate pair); '' stays ''. */
+function clean(text: string): string {
+  const noNul = text.includes('\0') ? text.replaceAll('\0', '') : text;
+  if (noNul.length <= MAX_FIELD_CHARS) return noNul;
+  const cut = noNul.charCodeAt(MAX_FIELD_CHARS - 1);
+  return noNul.slice(0, cut >= 0xd800 && cut <= 0xdbff ? MAX_FIELD_CHARS - 1 : MAX_FIELD_CHARS);
+}
+
+/** RFC 2047 decoding; a malformed encoded word or unknown charset leaves the text as written. */
+function decodeWords(text: string): string {
+  try {
+    return libmime.decodeWords(text);
+  } catch {
+    return text;
+  }
+}
+
+const orNull = (text: string | undefined): string | null => (text ? clean(text) : null);
+
+/** `{name, address}` of the first mailbox in a `From:` value; groups are looked into. */
+function parseFrom(value: string): { fromName: string | null; fromAddress: string | null } {
+  let mailboxes: { name: string; address?: string }[];
+  try {
+    mailboxes = addressparser(value, { flatten: true });
+  } catch {
+    mailboxes = [];
+  }
+  const first = mailboxes.find((m) => m.address) ?? mailboxes[0];
+  return {
+    fromName: orNull(decodeWords(first?.name ?? '').trim()),
+    fromAddress: orNull(first?.address?.trim()),
+  };
+}
+
+/**
+ * The summary of a message from its header block (bytes from the start of the message; anything after
+ * the blank line is ignored) and the SMTP envelope sender ('' for the null sender).
+ */
+export function summarizeMessage(
+  head: Buffer,
+  envelopeFrom: string,
+  maxHeaderBytes = MAX_HEADER_BYTES,
+): MessageSummary {
+  const first = new Map<string, string>();
+  for (const field of headerFields(head, maxHeaderBytes)) {
+    const key = field.name.toLowerCase();
+    if (!first.has(key)) first.set(key, field.value);
+  }
+  const from = first.get('from');
+  const subject = first.get('subject');
+  const messageId = first.get('message-id')?.trim();
+  return {
+    ...(from?.trim()
+      ? parseFrom(from)
+      : { fromName: null, fromAddress: envelopeFrom ? clean(envelopeFrom) : null }),
+    subject: subject === undefined ? null : clean(decodeWords(subject).trim()),
+    internetMessageId: orNull(messageId),
+  };
+}

@@ -1,0 +1,201 @@
+/**
+ * server - the LMTP receiver (RFC 2033) that Postfix delivers accepted mail to (virtual_transport =
+ * lmtp:inet:HOST:PORT or lmtp:unix:PATH), on nodemailer's smtp-server in LMTP mode.
+ *
+ * Listens on:  the given Listen (TCP, port 0 picks a free port; or a unix socket, whose stale file is
+ *              removed first; a live one is left alone and listening fails with EADDRINUSE).
+ * Reads:       LHLO, XFORWARD (only IDENT is used: Postfix's queue id, the idempotency key), MAIL, RCPT,
+ *              DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size, and
+ *              a refusal here would be a 5xx after queueing (DESIGN decision 1).
+ * Decides:     nothing; each DATA goes to handler.deliver, which owns the data stream from then on.
+ * Writes:      one reply per accepted RCPT, in RCPT order, duplicates included (RFC 2033 section 4.2):
+ *              `250 2.0.0 ...` or the handler's 4xx. Never a 5xx: a 5xx from the handler, or a handler
+ *              that fails, becomes `451 4.3.0`.
+ * On failure:  a connection that drops mid-DATA ends that delivery (its stores roll back); Postfix
+ *              retries. Other connections are unaffected.
+ * close():     stops accepting; every further command is answered `421` (smtp-server does this once
+ *              closing); deliveries in progress finish for up to closeGraceMs, then every connection
+ *              is closed; resolves when the listener is closed.
+ * Security:    anyone who can connect can store mail into any inbox: listen on loopback or on a unix
+ *              socket that only Postfix can reach.
+ */
+import { lstat, unlink } from 'node:fs/promises';
+import net from 'node:net';
+import {
+  SMTPServer,
+  type SMTPServerDataResult,
+  type SMTPServerDataStream,
+  type SMTPServerEnvelope,
+  type SMTPServerSession,
+} from 'smtp-server';
+import { describeListen, type Listen } from '../config/config.ts';
+import type { DeliveryService, DeliveryVerdict } from '../core/delivery-service.ts';
+import type { Log } from '../log.ts';
+
+export const CLOSE_GRACE_MS = 30_000;
+
+/** Reply when the handler failed or answered something the receiver must not send (DESIGN decision 1). */
+const TEMPORARY_FAILURE = { code: 451, dsn: '4.3.0', text: 'temporary failure, try again later' } as const;
+
+export interface LmtpHandler {
+  deliver: DeliveryService['deliver'];
+}
+
+export interface LmtpServer {
+  server: SMTPServer;
+  /** `inet:host:port` with the port actually bound, or `unix:path`. */
+  address: string;
+  /** The bound TCP port; absent for a unix socket. */
+  port?: number;
+  /** Idempotent: later calls return the first call's promise. */
+  close(): Promise<void>;
+}
+
+export interface LmtpServerOptions {
+  listen: Listen;
+  handler: LmtpHandler;
+  log: Log;
+  /** Our name in the greeting and the LHLO reply. */
+  hostname: string;
+  /** Only logged when exceeded: Postfix enforced the limit, refusing now would be backscatter. */
+  maxMessageBytes: number;
+  closeGraceMs?: number;
+}
+
+/** One reply for smtp-server's per-recipient array: a string is sent after `250 `, an Error as its code. */
+export function toReply(verdict: DeliveryVerdict | undefined): SMTPServerDataResult {
+  if (verdict?.kind === 'accept') return `${verdict.dsn} ${verdict.text}`;
+  const refusal = verdict && verdict.code >= 400 && verdict.code < 500 ? verdict : TEMPORARY_FAILURE;
+  return Object.assign(new Error(`${refusal.dsn} ${refusal.text}`), { responseCode: refusal.code });
+}
+
+export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpServer> {
+  const { listen, handler, log, hostname } = options;
+  const graceMs = options.closeGraceMs ?? CLOSE_GRACE_MS;
+  // smtp-server merges a repeated RCPT into one envelope entry, but RFC 2033 wants one reply per
+  // accepted RCPT: the accepted addresses are kept here, per transaction (envelope object).
+  const accepted = new WeakMap<SMTPServerEnvelope, string[]>();
+  const deliveries = new Set<Promise<void>>();
+  let closing: Promise<void> | undefined;
+
+  const server = new SMTPServer({
+    lmtp: true,
+    name: hostname,
+    banner: 'agent inbox receiver',
+    logger: false,
+    useXForward: true,
+    disabledCommands: ['AUTH', 'STARTTLS'],
+    disableReverseLookup: true,
+    hideENHANCEDSTATUSCODES: true,
+    closeTimeout: graceMs,
+    onRcptTo(address, session, callback) {
+      const list = accepted.get(session.envelope) ?? [];
+      list.push(address.address);
+      accepted.set(session.envelope, list);
+      callback();
+    },
+    onData(stream, session, callback) {
+      const delivery: Promise<void> = onData(stream, session)
+        .then(
+          (replies) => callback(null, replies),
+          (error: unknown) => {
+            log({ level: 'error', msg: 'lmtp data handling failed', error: String(error) });
+            callback(toReply(undefined) as Error);
+          },
+        )
+        .finally(() => deliveries.delete(delivery));
+      deliveries.add(delivery);
+    },
+  });
+  server.on('error', (error) => log({ level: 'error', msg: 'lmtp listener error', error: error.message }));
+
+  async function onData(
+    stream: SMTPServerDataStream,
+    session: SMTPServerSession,
+  ): Promise<SMTPServerDataResult[]> {
+    // XFORWARD attributes outlive the transaction in smtp-server (MAIL-FACTS D.3): read, then forget.
+    const ident = session.xForward.get('IDENT');
+    session.xForward.clear();
+    const queueId = typeof ident === 'string' && ident !== '' ? ident : null;
+    const envelopeFrom = session.envelope.mailFrom ? session.envelope.mailFrom.address : '';
+    const recipients = accepted.get(session.envelope) ?? session.envelope.rcptTo.map((r) => r.address);
+    let verdicts: DeliveryVerdict[] = [];
+    try {
+      verdicts = await handler.deliver({ queueId, envelopeFrom, recipients }, stream);
+    } catch (error) {
+      log({ level: 'error', msg: 'delivery handler failed', queue_id: queueId, error: String(error) });
+    }
+    // The handler owns the stream and reads it to the end; should it not, the rest is discarded here
+    // (smtp-server replies only after the stream has ended).
+    if (stream.readable) stream.resume();
+    if (stream.byteLength > options.maxMessageBytes + 1024 * 1024) {
+      log({
+        level: 'warn',
+        msg: 'message larger than the limit',
+        queue_id: queueId,
+        bytes: stream.byteLength,
+      });
+    }
+    if (verdicts.length !== recipients.length) {
+      log({ level: 'error', msg: 'delivery handler gave the wrong number of verdicts', queue_id: queueId });
+    }
+    return recipients.map((_, i) => toReply(verdicts[i]));
+  }
+
+  if ('path' in listen) await removeStaleSocket(listen.path);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    const ready = () => {
+      server.off('error', reject);
+      resolve();
+    };
+    if ('path' in listen) server.listen(listen.path, ready);
+    else server.listen(listen.port, listen.host, ready);
+  });
+
+  const bound = server.server.address();
+  const port = typeof bound === 'object' && bound ? bound.port : undefined;
+  const address =
+    'path' in listen
+      ? describeListen(listen)
+      : describeListen({ host: listen.host, port: port ?? listen.port });
+
+  const close = () => {
+    closing ??= (async () => {
+      const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
+      let timer: NodeJS.Timeout | undefined;
+      const grace = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, graceMs);
+      });
+      await Promise.race([Promise.allSettled([...deliveries]), grace]);
+      clearTimeout(timer);
+      for (const connection of server.connections) {
+        connection.send(421, `${hostname} shutting down`);
+        connection.close();
+      }
+      await stopped;
+    })();
+    return closing;
+  };
+  return port === undefined ? { server, address, close } : { server, address, port, close };
+}
+
+/** Removes a socket file nobody listens on (left by a crash); refuses to touch anything else. */
+async function removeStaleSocket(path: string): Promise<void> {
+  const stat = await lstat(path).catch((error: NodeJS.ErrnoException) => {
+    if (error.code === 'ENOENT') return undefined;
+    throw error;
+  });
+  if (!stat) return;
+  if (!stat.isSocket()) throw new Error(`${path} exists and is not a socket`);
+  const live = await new Promise<boolean>((resolve) => {
+    const probe = net.connect(path);
+    probe.once('connect', () => {
+      probe.destroy();
+      resolve(true);
+    });
+    probe.once('error', () => resolve(false));
+  });
+  if (live) throw Object.assign(new Error(`${path}: a server is listening on it`), { code: 'EADDRINUSE' });
+  await unlink(path);
+}

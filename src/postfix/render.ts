@@ -1,0 +1,177 @@
+/**
+ * render - turns the templates in postfix/ (main.cf, master.cf) into one Postfix instance's
+ * configuration, from the service's Config.
+ *
+ * Pure apart from reading the two template files (resolved from this module's location, never from
+ * the working directory). Writes nothing. Throws an Error naming the file and every placeholder left
+ * unfilled, and rejects values that would corrupt a main.cf line (line breaks; whitespace or commas in
+ * directory paths). Which placeholder comes from which variable: postfix/README.md "How the templates
+ * are rendered".
+ */
+import { readFileSync } from 'node:fs';
+import { dirname, isAbsolute } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Config, Listen } from '../config/config.ts';
+
+/** The templates' directory: `<repo>/postfix`. */
+export const TEMPLATE_DIRECTORY = fileURLToPath(new URL('../../postfix/', import.meta.url));
+
+/** Where one instance keeps its files; all absolute. */
+export interface PostfixDirs {
+  configDirectory: string;
+  queueDirectory: string;
+  dataDirectory: string;
+  maillogFile: string;
+}
+
+export interface PostfixFiles {
+  mainCf: string;
+  masterCf: string;
+}
+
+/** The parts of Config the templates use (a whole Config fits). */
+export type PostfixSettings = Pick<
+  Config,
+  | 'mailDomain'
+  | 'authservId'
+  | 'smtpHost'
+  | 'smtpPort'
+  | 'policyListen'
+  | 'milterListen'
+  | 'lmtpListen'
+  | 'maxMessageBytes'
+>;
+
+/** Room above MAX_MESSAGE_BYTES for envelope records and added headers (MAIL-FACTS D.2). */
+export const MESSAGE_SIZE_SLACK = 65536;
+
+/** A {host,port} as Postfix writes a TCP endpoint: IPv6 literals in brackets. */
+const hostPort = (host: string, port: number): string => `${host.includes(':') ? `[${host}]` : host}:${port}`;
+
+/**
+ * A policy or milter endpoint in Postfix syntax: `inet:host:port` or `unix:/absolute/path`
+ * (check_policy_service and smtpd_milters both take these two forms; postconf(5), MILTER_README).
+ */
+export function postfixEndpoint(listen: Listen): string {
+  return 'path' in listen ? `unix:${listen.path}` : `inet:${hostPort(listen.host, listen.port)}`;
+}
+
+/**
+ * lmtp_connection_cache_destinations for the LMTP endpoint. A TCP destination is named by its host
+ * without the port (MAIL-FACTS D.1). A unix socket is matched by its path, but a list entry starting
+ * with "/" is read as a file of patterns, and an inline table folds its keys to lower case while the
+ * path is looked up as is; `static:all` (every LMTP destination, and the receiver is the only one)
+ * works for any path.
+ */
+export function lmtpCacheDestinations(listen: Listen): string {
+  if ('path' in listen) return 'static:all';
+  return listen.host.includes(':') ? `[${listen.host}]` : listen.host;
+}
+
+const WILDCARD_HOSTS = new Set(['', '*', '0.0.0.0', '::']);
+
+function smtpListen(host: string, port: number): { listen: string; interfaces: string } {
+  if (WILDCARD_HOSTS.has(host)) return { listen: String(port), interfaces: 'all' };
+  return { listen: hostPort(host, port), interfaces: host.includes(':') ? `[${host}]` : host };
+}
+
+/** IPv4 only, unless a listener or an endpoint we connect to is IPv6 (or SMTP listens on every address). */
+function inetProtocols(settings: PostfixSettings): string {
+  const endpoints = [settings.policyListen, settings.milterListen, settings.lmtpListen];
+  const hosts = [settings.smtpHost, ...endpoints.map((l) => ('host' in l ? l.host : ''))];
+  return settings.smtpHost === '*' || hosts.some((h) => h.includes(':')) ? 'all' : 'ipv4';
+}
+
+const HOSTNAME = /^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
+
+function directory(name: string, path: string): string {
+  if (!isAbsolute(path)) throw new Error(`Postfix ${name} must be an absolute path (got "${path}")`);
+  if (/[\s,]/.test(path))
+    throw new Error(`Postfix ${name} must not contain whitespace or commas ("${path}")`);
+  return path;
+}
+
+/** Every placeholder value, by name (without braces). */
+export function placeholderValues(settings: PostfixSettings, dirs: PostfixDirs): Record<string, string> {
+  if (!HOSTNAME.test(settings.authservId)) {
+    throw new Error(
+      `AUTHSERV_ID must be a host name to serve as Postfix's myhostname (got "${settings.authservId}")`,
+    );
+  }
+  const smtp = smtpListen(settings.smtpHost, settings.smtpPort);
+  return {
+    MAIL_DOMAIN: settings.mailDomain,
+    MYHOSTNAME: settings.authservId,
+    QUEUE_DIRECTORY: directory('queue directory', dirs.queueDirectory),
+    DATA_DIRECTORY: directory('data directory', dirs.dataDirectory),
+    MAILLOG_FILE: directory('maillog file', dirs.maillogFile),
+    MAILLOG_FILE_PREFIXES: dirname(dirs.maillogFile),
+    SMTP_LISTEN: smtp.listen,
+    INET_INTERFACES: smtp.interfaces,
+    INET_PROTOCOLS: inetProtocols(settings),
+    POLICY_SERVICE: postfixEndpoint(settings.policyListen),
+    MILTER: postfixEndpoint(settings.milterListen),
+    LMTP_DESTINATION: postfixEndpoint(settings.lmtpListen),
+    LMTP_CACHE_DESTINATIONS: lmtpCacheDestinations(settings.lmtpListen),
+    MESSAGE_SIZE_LIMIT: String(settings.maxMessageBytes + MESSAGE_SIZE_SLACK),
+  };
+}
+
+/** The text of one template file in postfix/. */
+export function readTemplate(name: 'main.cf' | 'master.cf'): string {
+  return readFileSync(`${TEMPLATE_DIRECTORY}${name}`, 'utf8');
+}
+
+/** Replaces every `{{NAME}}`; throws naming the placeholders that have no value. */
+export function fillTemplate(file: string, template: string, values: Record<string, string>): string {
+  const missing = new Set<string>();
+  const filled = template.replace(/\{\{([A-Z0-9_]+)\}\}/g, (whole, name: string) => {
+    const value = values[name];
+    if (value === undefined) {
+      missing.add(name);
+      return whole;
+    }
+    if (/[\r\n]/.test(value)) throw new Error(`${file}: the value of {{${name}}} contains a line break`);
+    return value;
+  });
+  if (missing.size > 0) {
+    throw new Error(
+      `${file}: placeholder(s) left unfilled: ${[...missing].map((n) => `{{${n}}}`).join(', ')}`,
+    );
+  }
+  return filled;
+}
+
+/**
+ * Sets main.cf parameters: each replaces the existing `name = ...` line (with its continuation lines)
+ * or is appended. An empty value is kept as `name =` (Postfix's "none").
+ */
+export function applyOverrides(mainCf: string, overrides: Record<string, string>): string {
+  const lines = mainCf.replace(/\n$/, '').split('\n');
+  for (const [name, value] of Object.entries(overrides)) {
+    if (!/^[a-z0-9_]+$/.test(name)) throw new Error(`main.cf override: "${name}" is not a parameter name`);
+    if (/[\r\n]/.test(value)) throw new Error(`main.cf override ${name}: the value contains a line break`);
+    const line = value === '' ? `${name} =` : `${name} = ${value}`;
+    const at = lines.findIndex((l) => new RegExp(`^${name}\\s*=`).test(l));
+    if (at === -1) {
+      lines.push(line);
+      continue;
+    }
+    let end = at + 1;
+    while (end < lines.length && /^[ \t]+\S/.test(lines[end] ?? '')) end++;
+    lines.splice(at, end - at, line);
+  }
+  return `${lines.join('\n')}\n`;
+}
+
+/** main.cf and master.cf for one instance of the receiving MX. */
+export function renderPostfix(
+  settings: PostfixSettings,
+  dirs: PostfixDirs,
+  overrides: Record<string, string> = {},
+): PostfixFiles {
+  const values = placeholderValues(settings, dirs);
+  const mainCf = applyOverrides(fillTemplate('postfix/main.cf', readTemplate('main.cf'), values), overrides);
+  const masterCf = fillTemplate('postfix/master.cf', readTemplate('master.cf'), values);
+  return { mainCf, masterCf };
+}

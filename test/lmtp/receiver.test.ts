@@ -1,0 +1,543 @@
+/**
+ * The LMTP receiver end to end: Postfix's side of the wire (a raw LMTP client with XFORWARD, and
+ * nodemailer's LMTP client), the DeliveryService, Postgres, and what the API then lists and serves
+ * (contract section 2 "Message summary", section 4 "Receiving mail"; DESIGN decisions 1, 5, 6, 7).
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { createTransport } from 'nodemailer';
+import pg from 'pg';
+import { DeliveryService } from '../../src/core/delivery-service.ts';
+import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { type LmtpServer, startLmtpServer } from '../../src/lmtp/server.ts';
+import type { LogLine } from '../../src/log.ts';
+import { iso } from '../support/assertions.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
+import { deliverRaw, LmtpClient } from './lmtp-client.ts';
+
+let h: Harness;
+let lmtp: LmtpServer;
+let port: number;
+const logs: LogLine[] = [];
+let identCounter = 0;
+const ident = () => `4jWnfY${process.pid}Q${++identCounter}`;
+
+before(async () => {
+  h = await startHarness({ POLL_RATE_BURST: '100000' });
+  const service = new DeliveryService(
+    h.messages,
+    h.clock,
+    { mailDomain: h.config.mailDomain, authservId: h.config.authservId },
+    (line) => logs.push(line),
+  );
+  lmtp = await startLmtpServer({
+    listen: { host: '127.0.0.1', port: 0 },
+    handler: service,
+    log: (line) => logs.push(line),
+    hostname: 'lmtp.inbox.test',
+    maxMessageBytes: h.config.maxMessageBytes,
+  });
+  port = lmtp.port as number;
+});
+after(async () => {
+  await lmtp.close();
+  await h.close();
+});
+
+const address = (inbox: ProvisionedInbox) => inbox.address;
+
+async function poll(inbox: ProvisionedInbox) {
+  const response = await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, {
+    token: inbox.credentials.reader,
+  });
+  assert.equal(response.status, 200, response.text);
+  return response.json.messages as Record<string, unknown>[];
+}
+
+async function rows(sql: string, values: unknown[] = []): Promise<Record<string, unknown>[]> {
+  const client = new pg.Client({ connectionString: h.database.url });
+  await client.connect();
+  try {
+    return (await client.query(sql, values)).rows;
+  } finally {
+    await client.end();
+  }
+}
+
+/** Our milter's field: authserv-id = AUTHSERV_ID (mx.inbox.test in the harness). */
+const OUR_AR = (id: string) =>
+  `Authentication-Results: ${id};\r\n dkim=pass header.i=@example.org header.s=sel header.a=rsa-sha256 header.b=PByekjoH;\r\n spf=softfail (${id}: domain of bounces@bounce.example.org does not designate 127.0.0.3 as permitted sender) smtp.mailfrom=bounces+x@bounce.example.org smtp.helo=mail.sender.test;\r\n dmarc=pass (p=REJECT arc=none) header.from=example.org header.d=example.org\r\n`;
+
+const MESSAGE = (extraTop: string, messageId: string) =>
+  Buffer.concat([
+    Buffer.from(
+      `${extraTop}Received: from mail.sender.test (mail.sender.test [127.0.0.3])\r\n\tby mx.inbox.test (Postfix) with ESMTPS id 4jWnfY00CrzJJ9t\r\n` +
+        `From: =?UTF-8?Q?Ada_Lovel=C3=A6ce?= <ada@example.org>\r\nTo: someone@inbox.test\r\n` +
+        `Subject: =?UTF-8?B?R3LDvMOfZSBhdXMg?=\r\n =?UTF-8?Q?M=C3=BCnchen?=\r\nMessage-ID: ${messageId}\r\n` +
+        `MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n\r\n` +
+        `Grüße.\r\n.a line that starts with a dot\r\n..two dots\r\n.\r\n`,
+    ),
+    Buffer.from([0xe2, 0x82, 0xac, 0x0d, 0x0a, 0x80, 0xff, 0x00, 0x0d, 0x0a]),
+    Buffer.from('last line\r\n'),
+  ]);
+
+test('a delivery with XFORWARD IDENT is listed by poll with every summary field and downloads byte for byte', async () => {
+  const inbox = await h.provision();
+  const raw = MESSAGE(OUR_AR(h.config.authservId), '  <abc.123@example.org>  ');
+  const receivedAt = iso(h.clock.now());
+  const { replies } = await deliverRaw(
+    { port },
+    { ident: ident(), from: 'bounces+x@bounce.example.org', to: [address(inbox)], body: raw },
+  );
+
+  const [message] = await poll(inbox);
+  assert.ok(message, 'the message is listed');
+  assert.deepEqual(replies, [`250 2.0.0 ${message.message_id} stored`]);
+  assert.deepEqual(
+    { ...message, message_id: undefined, url: undefined, delete_after: undefined },
+    {
+      message_id: undefined,
+      url: undefined,
+      delete_after: undefined,
+      from: { name: 'Ada Lovelæce', address: 'ada@example.org' },
+      envelope_from: 'bounces+x@bounce.example.org',
+      subject: 'Grüße aus München',
+      size_bytes: raw.length,
+      received_at: receivedAt,
+      downloaded_at: null,
+      internet_message_id: '<abc.123@example.org>',
+      authentication: {
+        dmarc: { result: 'pass', domain: 'example.org' },
+        dkim: { result: 'pass', domain: 'example.org' },
+        spf: { result: 'softfail', domain: 'bounce.example.org' },
+      },
+    },
+  );
+  const download = await h.api.get(message.url as string, { token: inbox.credentials.reader });
+  assert.equal(download.status, 200);
+  assert.ok(download.bytes.equals(raw), 'the download is the message as received, byte for byte');
+});
+
+test('the same queue id delivered twice is stored once, and both deliveries are answered 250', async () => {
+  const inbox = await h.provision();
+  const queueId = ident();
+  const body = 'From: a@example.org\r\nSubject: twice\r\n\r\nbody\r\n';
+  const first = await deliverRaw(
+    { port },
+    { ident: queueId, from: 'a@example.org', to: [address(inbox)], body },
+  );
+  const second = await deliverRaw(
+    { port },
+    { ident: queueId, from: 'a@example.org', to: [address(inbox)], body },
+  );
+  const messages = await poll(inbox);
+  assert.equal(messages.length, 1);
+  const id = messages[0]?.message_id;
+  assert.deepEqual(first.replies, [`250 2.0.0 ${id} stored`]);
+  assert.deepEqual(second.replies, [`250 2.0.0 ${id} already stored`]);
+  const stored = await rows('SELECT count(*)::int AS n FROM messages WHERE queue_id = $1', [queueId]);
+  assert.equal(stored[0]?.n, 1);
+});
+
+test('two recipients in one transaction get two replies in RCPT order, and both inboxes store the message', async () => {
+  const [a, b] = [await h.provision(), await h.provision()];
+  const body = 'From: a@example.org\r\nSubject: both\r\n\r\nbody\r\n';
+  const { replies } = await deliverRaw(
+    { port },
+    { ident: ident(), from: 'a@example.org', to: [address(a), address(b)], body },
+  );
+  const [ma] = await poll(a);
+  const [mb] = await poll(b);
+  assert.deepEqual(replies, [`250 2.0.0 ${ma?.message_id} stored`, `250 2.0.0 ${mb?.message_id} stored`]);
+  assert.equal(ma?.subject, 'both');
+  assert.equal(mb?.subject, 'both');
+});
+
+test('a recipient that is not a live inbox is answered 250 and nothing is stored for it; the inbox recipient is stored', async () => {
+  const inbox = await h.provision();
+  const queueId = ident();
+  const to = [
+    `0123456789abcdefghjk@${h.config.mailDomain}`, // well formed, no such inbox (purged): the store's FK refuses
+    address(inbox),
+    'someone@other.test', // another domain
+    `not-an-inbox@${h.config.mailDomain}`,
+    `${inbox.inbox_id.toUpperCase()}@${h.config.mailDomain.toUpperCase()}`, // the same inbox, other case
+    address(inbox), // a repeated RCPT: RFC 2033 wants a reply for it too
+  ];
+  const { replies } = await deliverRaw(
+    { port },
+    { ident: queueId, from: 'a@example.org', to, body: 'Subject: x\r\n\r\nbody\r\n' },
+  );
+  const [message] = await poll(inbox);
+  const stored = `250 2.0.0 ${message?.message_id} stored`;
+  const discarded = '250 2.0.0 not stored: no such inbox';
+  assert.deepEqual(replies, [discarded, stored, discarded, discarded, stored, stored]);
+  assert.deepEqual(await rows('SELECT inbox_id FROM messages WHERE queue_id = $1', [queueId]), [
+    { inbox_id: inbox.inbox_id },
+  ]);
+  assert.ok(logs.some((l) => l.msg === 'recipient not stored: no such inbox' && l.queue_id === queueId));
+});
+
+test('authentication comes only from our Authentication-Results on the first line', async () => {
+  const inbox = await h.provision();
+  const deliver = (top: string, messageId: string) =>
+    deliverRaw(
+      { port },
+      {
+        ident: ident(),
+        from: 'bounces+x@bounce.example.org',
+        to: [address(inbox)],
+        body: MESSAGE(top, messageId),
+      },
+    );
+  await deliver(OUR_AR(h.config.authservId.toUpperCase()), '<ours@x>');
+  await deliver(OUR_AR('mx.forged.example'), '<forged@x>');
+  await deliver(`Received: by relay.example.org\r\n${OUR_AR(h.config.authservId)}`, '<second@x>');
+  await deliver('', '<none@x>');
+  const byId = new Map((await poll(inbox)).map((m) => [m.internet_message_id, m.authentication]));
+  assert.deepEqual(byId.get('<ours@x>'), {
+    dmarc: { result: 'pass', domain: 'example.org' },
+    dkim: { result: 'pass', domain: 'example.org' },
+    spf: { result: 'softfail', domain: 'bounce.example.org' },
+  });
+  assert.equal(byId.get('<forged@x>'), null);
+  assert.equal(byId.get('<second@x>'), null);
+  assert.equal(byId.get('<none@x>'), null);
+});
+
+test('the null sender and a message without From: list the envelope sender as from (null for <>)', async () => {
+  const inbox = await h.provision();
+  await deliverRaw(
+    { port },
+    { ident: ident(), from: '', to: [address(inbox)], body: 'Subject: bounce\r\n\r\nx\r\n' },
+  );
+  await deliverRaw(
+    { port },
+    { ident: ident(), from: 'env@example.org', to: [address(inbox)], body: 'Subject: plain\r\n\r\nx\r\n' },
+  );
+  const bySubject = new Map((await poll(inbox)).map((m) => [m.subject, m]));
+  assert.deepEqual(bySubject.get('bounce')?.from, { name: null, address: null });
+  assert.equal(bySubject.get('bounce')?.envelope_from, '');
+  assert.deepEqual(bySubject.get('plain')?.from, { name: null, address: 'env@example.org' });
+});
+
+test('the LMTP transcript: greeting, LHLO with XFORWARD, then one literal reply per recipient in order', async () => {
+  const inbox = await h.provision();
+  const queueId = ident();
+  const client = await LmtpClient.connect({ port });
+  assert.deepEqual(
+    await client.command('LHLO postfix.test'),
+    '250 XFORWARD NAME ADDR PORT PROTO HELO IDENT SOURCE',
+  );
+  assert.equal(await client.command('XFORWARD NAME=mail.sender.test ADDR=127.0.0.3 PORT=33405'), '250 OK');
+  assert.equal(
+    await client.command(`XFORWARD PROTO=ESMTP HELO=mail.sender.test IDENT=${queueId} SOURCE=REMOTE`),
+    '250 OK',
+  );
+  assert.equal(await client.command('MAIL FROM:<a@example.org>'), '250 Accepted');
+  assert.equal(await client.command(`RCPT TO:<${address(inbox)}>`), '250 Accepted');
+  assert.equal(await client.command('RCPT TO:<nobody@other.test>'), '250 Accepted');
+  assert.equal(await client.command(`RCPT TO:<${address(inbox)}>`), '250 Accepted');
+  const replies = await client.data([Buffer.from('Subject: transcript\r\n\r\nhello\r\n')], 3);
+  await client.quit();
+  const [message] = await poll(inbox);
+  assert.deepEqual(client.transcript, [
+    'S: 220 lmtp.inbox.test LMTP agent inbox receiver',
+    'C: LHLO postfix.test',
+    'S: 250-lmtp.inbox.test Nice to meet you, [127.0.0.1]',
+    'S: 250-PIPELINING',
+    'S: 250-8BITMIME',
+    'S: 250-SMTPUTF8',
+    'S: 250 XFORWARD NAME ADDR PORT PROTO HELO IDENT SOURCE',
+    'C: XFORWARD NAME=mail.sender.test ADDR=127.0.0.3 PORT=33405',
+    'S: 250 OK',
+    `C: XFORWARD PROTO=ESMTP HELO=mail.sender.test IDENT=${queueId} SOURCE=REMOTE`,
+    'S: 250 OK',
+    'C: MAIL FROM:<a@example.org>',
+    'S: 250 Accepted',
+    `C: RCPT TO:<${address(inbox)}>`,
+    'S: 250 Accepted',
+    'C: RCPT TO:<nobody@other.test>',
+    'S: 250 Accepted',
+    `C: RCPT TO:<${address(inbox)}>`,
+    'S: 250 Accepted',
+    'C: DATA',
+    'S: 354 End data with <CR><LF>.<CR><LF>',
+    'C: <message>',
+    'C: .',
+    `S: 250 2.0.0 ${message?.message_id} stored`,
+    'S: 250 2.0.0 not stored: no such inbox',
+    `S: 250 2.0.0 ${message?.message_id} stored`,
+    'C: QUIT',
+    'S: 221 Bye',
+  ]);
+  assert.equal(replies.length, 3);
+});
+
+test('XFORWARD attributes do not carry over to the next transaction on a cached connection', async () => {
+  const inbox = await h.provision();
+  const client = await LmtpClient.connect({ port });
+  await client.command('LHLO postfix.test');
+  const first = ident();
+  await client.command(`XFORWARD IDENT=${first}`);
+  await client.command('MAIL FROM:<a@example.org>');
+  await client.command(`RCPT TO:<${address(inbox)}>`);
+  await client.data([Buffer.from('Subject: one\r\n\r\nx\r\n')], 1);
+  // the second transaction has no IDENT: it must not be taken for a redelivery of the first
+  await client.command('MAIL FROM:<a@example.org>');
+  await client.command(`RCPT TO:<${address(inbox)}>`);
+  const [reply] = await client.data([Buffer.from('Subject: two\r\n\r\nx\r\n')], 1);
+  await client.quit();
+  assert.match(reply as string, /^250 2\.0\.0 msg_[0-9a-z]{20} stored$/);
+  assert.deepEqual((await poll(inbox)).map((m) => m.subject).sort(), ['one', 'two']);
+  assert.ok(logs.some((l) => l.msg === 'delivery without a usable XFORWARD IDENT: not idempotent'));
+});
+
+test('an XFORWARD IDENT that is not a printable queue id (xtext +00 is a NUL) is replaced, and the message stored', async () => {
+  const inbox = await h.provision();
+  const { replies } = await deliverRaw(
+    { port },
+    {
+      ident: 'bad+00ident',
+      from: 'a@example.org',
+      to: [address(inbox)],
+      body: 'Subject: odd ident\r\n\r\nx\r\n',
+    },
+  );
+  assert.match(replies[0] as string, /^250 2\.0\.0 msg_\w+ stored$/);
+  const [message] = await poll(inbox);
+  const [row] = await rows('SELECT queue_id FROM messages WHERE message_id = $1', [message?.message_id]);
+  assert.match(String(row?.queue_id), /^local-[0-9a-z]{20}$/);
+});
+
+test('a delivery from nodemailer LMTP client (no XFORWARD) is stored under a generated queue id', async () => {
+  const inbox = await h.provision();
+  const transport = createTransport({ host: '127.0.0.1', port, lmtp: true, ignoreTLS: true });
+  const raw =
+    'From: Bob <bob@example.org>\r\nSubject: via nodemailer\r\nMessage-ID: <nm@example.org>\r\n\r\nhi\r\n';
+  const info = await transport.sendMail({ envelope: { from: 'bob@example.org', to: [address(inbox)] }, raw });
+  transport.close();
+  assert.deepEqual(info.accepted, [address(inbox)]);
+  const [message] = await poll(inbox);
+  assert.equal(message?.subject, 'via nodemailer');
+  assert.deepEqual(message?.from, { name: 'Bob', address: 'bob@example.org' });
+  const [row] = await rows('SELECT queue_id FROM messages WHERE message_id = $1', [message?.message_id]);
+  assert.match(String(row?.queue_id), /^local-[0-9a-z]{20}$/);
+});
+
+test('a 3 MiB message streams through in pieces and downloads byte for byte', async () => {
+  const inbox = await h.provision();
+  const line = Buffer.from(`${'x'.repeat(70)}\r\n.${'y'.repeat(70)}\r\n`);
+  const raw = Buffer.concat([
+    Buffer.from('Subject: big\r\n\r\n'),
+    ...Array.from({ length: 21_000 }, () => line),
+  ]);
+  const { replies } = await deliverRaw(
+    { port },
+    { ident: ident(), from: 'a@example.org', to: [address(inbox)], body: raw },
+  );
+  const [message] = await poll(inbox);
+  assert.deepEqual(replies, [`250 2.0.0 ${message?.message_id} stored`]);
+  assert.equal(message?.size_bytes, raw.length);
+  const download = await h.api.get(message?.url as string, { token: inbox.credentials.reader });
+  assert.ok(download.bytes.equals(raw));
+});
+
+test('the receiver listens on a unix socket too', async () => {
+  const path = `/tmp/lmtp-test-${process.pid}.sock`;
+  const inbox = await h.provision();
+  const service = new DeliveryService(
+    h.messages,
+    h.clock,
+    { mailDomain: h.config.mailDomain, authservId: 'x' },
+    () => {},
+  );
+  const server = await startLmtpServer({
+    listen: { path },
+    handler: service,
+    log: () => {},
+    hostname: 'lmtp.inbox.test',
+    maxMessageBytes: 1000,
+  });
+  try {
+    assert.equal(server.address, `unix:${path}`);
+    const { replies } = await deliverRaw(
+      { path },
+      { ident: ident(), from: 'a@example.org', to: [address(inbox)], body: 'Subject: unix\r\n\r\nx\r\n' },
+    );
+    assert.match(replies[0] as string, /^250 2\.0\.0 msg_\w+ stored$/);
+  } finally {
+    await server.close();
+  }
+});
+
+test('close() lets a delivery in progress finish, refuses a new transaction with 421, then closes', async () => {
+  const inbox = await h.provision();
+  const service = new DeliveryService(
+    h.messages,
+    h.clock,
+    { mailDomain: h.config.mailDomain, authservId: 'x' },
+    () => {},
+  );
+  const server = await startLmtpServer({
+    listen: { host: '127.0.0.1', port: 0 },
+    handler: service,
+    log: () => {},
+    hostname: 'lmtp.inbox.test',
+    maxMessageBytes: 1000,
+  });
+  const busy = await LmtpClient.connect({ port: server.port as number });
+  const idle = await LmtpClient.connect({ port: server.port as number });
+  await idle.command('LHLO postfix.test');
+  await busy.command('LHLO postfix.test');
+  await busy.command(`XFORWARD IDENT=${ident()}`);
+  await busy.command('MAIL FROM:<a@example.org>');
+  await busy.command(`RCPT TO:<${address(inbox)}>`);
+  assert.match(await busy.command('DATA'), /^354/);
+  await busy.write('Subject: during close\r\n\r\nfirst half\r\n');
+  await new Promise((resolve) => setTimeout(resolve, 100));
+
+  const closed = server.close();
+  assert.match(await idle.command('MAIL FROM:<late@example.org>'), /^421 /);
+  await busy.write('second half\r\n.\r\n');
+  const [reply] = await busy.reply();
+  assert.match(reply as string, /^250 2\.0\.0 msg_\w+ stored$/);
+  await closed;
+  assert.equal((await poll(inbox))[0]?.subject, 'during close');
+  idle.destroy();
+  busy.destroy();
+});
+
+test('close() does not wait past its grace for a delivery that never ends; that delivery stores nothing', async () => {
+  const inbox = await h.provision();
+  const service = new DeliveryService(
+    h.messages,
+    h.clock,
+    { mailDomain: h.config.mailDomain, authservId: 'x' },
+    () => {},
+  );
+  const server = await startLmtpServer({
+    listen: { host: '127.0.0.1', port: 0 },
+    handler: service,
+    log: () => {},
+    hostname: 'lmtp.inbox.test',
+    maxMessageBytes: 1000,
+    closeGraceMs: 300,
+  });
+  const stuck = await LmtpClient.connect({ port: server.port as number });
+  const queueId = ident();
+  await stuck.command('LHLO postfix.test');
+  await stuck.command(`XFORWARD IDENT=${queueId}`);
+  await stuck.command('MAIL FROM:<a@example.org>');
+  await stuck.command(`RCPT TO:<${address(inbox)}>`);
+  await stuck.command('DATA');
+  await stuck.write('Subject: never ends\r\n\r\nsome of the body\r\n');
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  const started = Date.now();
+  await server.close();
+  assert.ok(Date.now() - started < 2000, `close took ${Date.now() - started} ms`);
+  stuck.destroy();
+  // the store saw the stream fail and rolled back: no message, no row for the queue id
+  for (
+    let i = 0;
+    i < 50 && (await rows('SELECT 1 FROM messages WHERE queue_id = $1', [queueId])).length;
+    i++
+  ) {
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  assert.deepEqual(await rows('SELECT 1 FROM messages WHERE queue_id = $1', [queueId]), []);
+  assert.deepEqual(await poll(inbox), []);
+});
+
+test('distinct inboxes beyond maxParallelStores are answered 452 4.5.3, so Postfix sends them again', async () => {
+  const [a, b] = [await h.provision(), await h.provision()];
+  const service = new DeliveryService(
+    h.messages,
+    h.clock,
+    { mailDomain: h.config.mailDomain, authservId: 'x', maxParallelStores: 1 },
+    () => {},
+  );
+  const server = await startLmtpServer({
+    listen: { host: '127.0.0.1', port: 0 },
+    handler: service,
+    log: () => {},
+    hostname: 'lmtp.inbox.test',
+    maxMessageBytes: 1000,
+  });
+  try {
+    const queueId = ident();
+    const body = 'Subject: limited\r\n\r\nx\r\n';
+    const first = await deliverRaw(
+      { port: server.port as number },
+      { ident: queueId, from: 'a@example.org', to: [a.address, b.address, a.address], body },
+    );
+    const [ma] = await poll(a);
+    const stored = `250 2.0.0 ${ma?.message_id} stored`;
+    assert.deepEqual(first.replies, [
+      stored,
+      '452 4.5.3 inbox.test: too many recipients, try again later',
+      stored,
+    ]);
+    // Postfix's retry carries only the deferred recipient, with the same queue id
+    const retry = await deliverRaw(
+      { port: server.port as number },
+      { ident: queueId, from: 'a@example.org', to: [b.address], body },
+    );
+    const [mb] = await poll(b);
+    assert.deepEqual(retry.replies, [`250 2.0.0 ${mb?.message_id} stored`]);
+  } finally {
+    await server.close();
+  }
+});
+
+test('a store held back by a lock past the stall bound is deferred with 451; the other recipient is stored', async () => {
+  const [a, b] = [await h.provision(), await h.provision()];
+  const stallLogs: LogLine[] = [];
+  const service = new DeliveryService(
+    h.messages,
+    h.clock,
+    { mailDomain: h.config.mailDomain, authservId: 'x', stallMs: 300 },
+    (line) => stallLogs.push(line),
+  );
+  const server = await startLmtpServer({
+    listen: { host: '127.0.0.1', port: 0 },
+    handler: service,
+    log: () => {},
+    hostname: 'lmtp.inbox.test',
+    maxMessageBytes: 1000,
+  });
+  const queueId = ident();
+  // Another transaction holds the row for (b, queue id): b's store waits for that lock (as for a
+  // concurrent redelivery) and reads nothing meanwhile.
+  const blocker = new pg.Client({ connectionString: h.database.url });
+  await blocker.connect();
+  try {
+    await blocker.query('BEGIN');
+    await blocker.query(
+      `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
+       VALUES ($1, 'msg_blockerblockerblocke', $2, 'in_flight', 0, 'x', now())`,
+      [b.inbox_id, queueId],
+    );
+    const body = Buffer.concat([
+      Buffer.from('Subject: stall\r\n\r\n'),
+      Buffer.alloc(2_000_000, 'line of text\r\n'),
+    ]);
+    const delivery = deliverRaw(
+      { port: server.port as number },
+      { ident: queueId, from: 'a@example.org', to: [a.address, b.address], body },
+    );
+    await new Promise((resolve) => setTimeout(resolve, 800));
+    await blocker.query('ROLLBACK');
+    const { replies } = await delivery;
+    const [ma] = await poll(a);
+    assert.deepEqual(replies, [
+      `250 2.0.0 ${ma?.message_id} stored`,
+      '451 4.3.0 inbox.test: temporary failure storing the message, try again later',
+    ]);
+    assert.equal((await poll(b)).length, 0);
+    assert.ok(stallLogs.some((l) => l.msg === 'store stalled; deferring' && l.inbox_id === b.inbox_id));
+  } finally {
+    await blocker.end();
+    await server.close();
+  }
+});

@@ -1,0 +1,57 @@
+/**
+ * A plain message sent by SMTP through the real Postfix reaches the inbox: poll lists it with every
+ * summary field right, and the download is the message as sent, below the two fields the receiving
+ * side adds (our Authentication-Results on top, then Postfix's Received).
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
+
+let s: MailStack;
+before(async () => {
+  s = await startMailStack();
+});
+after(() => s?.close());
+
+test('a plain message arrives: poll lists every summary field and the download is byte-exact', async () => {
+  const inbox = await s.provision();
+  const message = plainMessage({
+    to: inbox.address,
+    from: '=?UTF-8?B?SsO8cmdlbiBTZW5kZXI=?= <jurgen@allowed.test>',
+    subject: '=?UTF-8?Q?Caf=C3=A9_code?=',
+    messageId: '<plain-1@allowed.test>',
+  });
+  const replies = await s.send({ from: 'bounces@allowed.test', to: [inbox.address], message });
+  assert.equal(replies.greeting.code, 220);
+  assert.equal(replies.rcpt[0]?.code, 250);
+  assert.match(replies.end?.text ?? '', /^250 2\.0\.0 Ok: queued as \w+$/);
+
+  const token = inbox.credentials.owner;
+  const poll = await s.waitFor('the message in poll', async () => {
+    const r = await s.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, { token });
+    return r.json.messages.length > 0 ? r.json : undefined;
+  });
+  const [m] = poll.messages;
+  assert.deepEqual(m.from, { name: 'Jürgen Sender', address: 'jurgen@allowed.test' });
+  assert.equal(m.envelope_from, 'bounces@allowed.test');
+  assert.equal(m.subject, 'Café code');
+  assert.equal(m.internet_message_id, '<plain-1@allowed.test>');
+  assert.equal(m.downloaded_at, null);
+  assert.deepEqual(m.authentication, {
+    dmarc: { result: 'pass', domain: 'allowed.test' },
+    dkim: { result: 'none', domain: null },
+    spf: { result: 'pass', domain: 'allowed.test' },
+  });
+
+  const download = await s.api.get(m.url, { token });
+  assert.equal(download.status, 200);
+  assert.equal(m.size_bytes, download.bytes.length);
+  const text = download.bytes.toString('latin1');
+  assert.match(text, /^Authentication-Results: mx\.svc\.test;\r\n/);
+  const received = text.indexOf('\r\nReceived: from mail.sender.test (mail.sender.test [127.0.0.3])');
+  assert.ok(received > 0, text.slice(0, 600));
+  assert.ok(
+    download.bytes.subarray(download.bytes.length - message.length).equals(message),
+    'the message as sent ends the download',
+  );
+});

@@ -1,0 +1,147 @@
+/**
+ * mail-stack - the whole receiving side for end-to-end tests: a private Postfix instance whose DNS is a
+ * dnsmasq with the test zone, our policy daemon, milter and LMTP receiver on real sockets, and the API
+ * over a fresh database (test/support/harness.ts). Mail is sent with real SMTP from 127.x addresses.
+ * Only the clock (the API harness's) and DNS (dnsmasq) are stand-ins.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Config } from '../../src/config/config.ts';
+import { startLmtp } from '../../src/daemons/lmtp.ts';
+import { startMilter } from '../../src/daemons/milter.ts';
+import { startPolicy } from '../../src/daemons/policy.ts';
+import type { Log, LogLine } from '../../src/log.ts';
+import { PostfixInstance } from '../../src/postfix/instance.ts';
+import { renderPostfix } from '../../src/postfix/render.ts';
+import { testZone } from './dns-zone.ts';
+import { type Dnsmasq, startDnsmasq } from './dnsmasq.ts';
+import { type Harness, startHarness } from './harness.ts';
+import { freePort } from './sender-postfix.ts';
+import { sendMail, type Transaction, type TransactionReplies } from './smtp-client.ts';
+
+export const MAIL_DOMAIN = 'svc.test';
+export const AUTHSERV_ID = 'mx.svc.test';
+
+type DaemonName = 'policy' | 'milter' | 'lmtp';
+
+export interface MailStack extends Harness {
+  postfix: PostfixInstance;
+  dns: Dnsmasq;
+  smtpPort: number;
+  /** Every line the daemons logged, newest last. */
+  logs: LogLine[];
+  /** One SMTP session from 127.0.0.3 (unless `localAddress` says otherwise). */
+  send(t: Partial<Transaction> & Pick<Transaction, 'to' | 'message'>): Promise<TransactionReplies>;
+  stopDaemon(name: DaemonName): Promise<void>;
+  startDaemon(name: DaemonName): Promise<void>;
+  /** Polls `check` until it returns a value other than undefined, or fails after `timeoutMs`. */
+  waitFor<T>(what: string, check: () => Promise<T | undefined>, timeoutMs?: number): Promise<T>;
+}
+
+export interface MailStackOptions {
+  /** Extra environment for the service (e.g. QUOTA_BYTES). */
+  env?: Record<string, string>;
+  /** Extra main.cf parameters for the receiving Postfix. */
+  postfix?: Record<string, string>;
+}
+
+export async function startMailStack(options: MailStackOptions = {}): Promise<MailStack> {
+  const zone = testZone();
+  const dns = await startDnsmasq({ records: zone.records });
+  const baseDir = await mkdtemp(join(tmpdir(), 'inbox-mx-'));
+  const harness = await startHarness({
+    MAIL_DOMAIN,
+    AUTHSERV_ID,
+    DNS_SERVERS: dns.address,
+    POLICY_PORT: '0',
+    MILTER_PORT: '0',
+    LMTP_PORT: '0',
+    ...options.env,
+  });
+  const logs: LogLine[] = [];
+  const logOf =
+    (daemon: string): Log =>
+    (line) =>
+      logs.push({ daemon, ...line });
+  const config: Config = harness.config;
+  const running = new Map<DaemonName, { close(): Promise<unknown> }>();
+  const startDaemon = async (name: DaemonName) => {
+    const start = { policy: startPolicy, milter: startMilter, lmtp: startLmtp }[name];
+    const server = await start(harness.container, logOf(name));
+    running.set(name, server);
+    // Restarts reuse the port the first start picked: Postfix's configuration names it.
+    const port = Number(server.address.split(':').pop());
+    const key = `${name}Listen` as const;
+    config[key] = { host: '127.0.0.1', port };
+  };
+  for (const name of ['policy', 'milter', 'lmtp'] as const) await startDaemon(name);
+
+  const smtpPort = await freePort();
+  const postfix = new PostfixInstance({
+    baseDir,
+    render: (dirs) => renderPostfix({ ...config, smtpHost: '127.0.0.1', smtpPort }, dirs, options.postfix),
+    smtp: { host: '127.0.0.1', port: smtpPort },
+  });
+  await postfix.prepare();
+  await postfix.start({ resolvConf: dns.resolvConfPath });
+
+  const stack: MailStack = {
+    ...harness,
+    postfix,
+    dns,
+    smtpPort,
+    logs,
+    send: (t) => sendMail(smtpPort, { from: 'sender@allowed.test', ...t }),
+    startDaemon,
+    async stopDaemon(name) {
+      await running.get(name)?.close();
+      running.delete(name);
+    },
+    async waitFor(what, check, timeoutMs = 20_000) {
+      const deadline = Date.now() + timeoutMs;
+      for (;;) {
+        const value = await check();
+        if (value !== undefined) return value;
+        if (Date.now() > deadline) {
+          throw new Error(`timed out waiting for ${what}\n${await postfix.maillogTail(30)}`);
+        }
+        await sleep(100);
+      }
+    },
+    async close() {
+      await postfix.stop().catch(() => undefined);
+      for (const server of running.values()) await server.close().catch(() => undefined);
+      await dns.stop().catch(() => undefined);
+      await harness.close();
+      await rm(baseDir, { recursive: true, force: true });
+    },
+  };
+  return stack;
+}
+
+/** A plain message with CRLF line ends. */
+export function plainMessage(fields: {
+  from?: string;
+  to: string;
+  subject?: string;
+  messageId?: string;
+  body?: string;
+  extraHeaders?: string[];
+}): Buffer {
+  const lines = [
+    ...(fields.extraHeaders ?? []),
+    `From: ${fields.from ?? 'Sender <sender@allowed.test>'}`,
+    `To: ${fields.to}`,
+    `Subject: ${fields.subject ?? 'hello'}`,
+    `Message-ID: ${fields.messageId ?? `<${Math.random().toString(36).slice(2)}@allowed.test>`}`,
+    'Date: Sat, 21 Nov 2026 12:00:00 +0000',
+    'MIME-Version: 1.0',
+    'Content-Type: text/plain; charset=utf-8',
+    '',
+    fields.body ?? 'Your code is 123456.',
+    '',
+  ];
+  return Buffer.from(lines.join('\r\n'));
+}

@@ -1,0 +1,120 @@
+/**
+ * sender-postfix - a second, sending Postfix for tests: "a real retrying sender" (MAIL-FACTS F.4).
+ *
+ * Its smtpd listens on a free 127.0.0.1 port and takes mail for any domain from 127.0.0.0/8; its
+ * queue relays everything to relayHost:relayPort (bracketed: no MX or A lookup) from bindAddress, so
+ * the MX under test sees that source address, HELO heloName, and retries deferred mail after
+ * backoffSeconds (queue_run_delay, minimal and maximal backoff) instead of Postfix's 5 minutes.
+ * Lives in its own directory under runDir (etc/, queue/, data/, maillog) with its own master, so it
+ * runs beside the instance under test. Needs root like any Postfix. Call stop() in a finally/after
+ * hook; it is idempotent.
+ */
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import { PostfixInstance } from '../../src/postfix/instance.ts';
+import { applyOverrides, fillTemplate, readTemplate } from '../../src/postfix/render.ts';
+
+export interface SenderPostfixOptions {
+  runDir: string;
+  relayHost: string;
+  relayPort: number;
+  /** Retry interval for deferred mail, in seconds (default 2). */
+  backoffSeconds?: number;
+  /** Source address of its SMTP client (default 127.0.0.3, which has a forward-confirmed PTR). */
+  bindAddress?: string;
+  /** HELO name and myhostname (default mail.sender.test). */
+  heloName?: string;
+  /** Extra main.cf parameters. */
+  overrides?: Record<string, string>;
+  /** Bind-mounted over /etc/resolv.conf for this instance only. */
+  resolvConf?: string;
+}
+
+export interface SenderPostfix {
+  instance: PostfixInstance;
+  /** Where to inject mail (swaks --server/--port, or any SMTP client). */
+  host: string;
+  port: number;
+  stop(): Promise<void>;
+}
+
+export function freePort(host = '127.0.0.1'): Promise<number> {
+  return new Promise((done, fail) => {
+    const server = createServer();
+    server.once('error', fail);
+    server.listen(0, host, () => {
+      const address = server.address();
+      server.close(() =>
+        typeof address === 'object' && address ? done(address.port) : fail(new Error('no port')),
+      );
+    });
+  });
+}
+
+export function senderMainCf(
+  options: SenderPostfixOptions,
+  dirs: { queueDirectory: string; dataDirectory: string; maillogFile: string },
+): string {
+  const backoff = options.backoffSeconds ?? 2;
+  const relay = `[${options.relayHost}]:${options.relayPort}`;
+  const lines = [
+    '# main.cf of the sending test Postfix (test/support/sender-postfix.ts)',
+    'compatibility_level = 3.6',
+    `queue_directory = ${dirs.queueDirectory}`,
+    `data_directory = ${dirs.dataDirectory}`,
+    'syslog_name = postfix-sender',
+    `maillog_file = ${dirs.maillogFile}`,
+    `maillog_file_prefixes = ${join(dirs.maillogFile, '..')}`,
+    `myhostname = ${options.heloName ?? 'mail.sender.test'}`,
+    'inet_interfaces = 127.0.0.1',
+    'inet_protocols = ipv4',
+    'mynetworks = 127.0.0.0/8',
+    'mydestination =',
+    'relay_domains =',
+    'alias_maps =',
+    'alias_database =',
+    'smtpd_relay_restrictions = permit_mynetworks, reject',
+    'smtpd_recipient_restrictions =',
+    'message_size_limit = 104857600',
+    'mailbox_size_limit = 0',
+    'virtual_mailbox_limit = 0',
+    'enable_long_queue_ids = yes',
+    `relayhost = ${relay}`,
+    // Bounces and double bounces (null sender) are dropped here, never relayed back to the MX.
+    'sender_dependent_default_transport_maps = inline:{ { <> = discard:test sender sends no bounces } }',
+    `smtp_bind_address = ${options.bindAddress ?? '127.0.0.3'}`,
+    'smtp_connection_cache_on_demand = no',
+    'smtp_tls_security_level = none',
+    `queue_run_delay = ${backoff}s`,
+    `minimal_backoff_time = ${backoff}s`,
+    `maximal_backoff_time = ${backoff}s`,
+    'maximal_queue_lifetime = 1h',
+    'bounce_queue_lifetime = 0',
+    'delay_warning_time = 0',
+    'notify_classes =',
+  ];
+  return applyOverrides(`${lines.join('\n')}\n`, options.overrides ?? {});
+}
+
+/** Prepares and starts the sender; on failure nothing is left running. */
+export async function startSenderPostfix(options: SenderPostfixOptions): Promise<SenderPostfix> {
+  const port = await freePort();
+  const instance = new PostfixInstance({
+    baseDir: join(options.runDir, 'sender-postfix'),
+    render: (dirs) => ({
+      mainCf: senderMainCf(options, dirs),
+      masterCf: fillTemplate('postfix/master.cf', readTemplate('master.cf'), {
+        SMTP_LISTEN: `127.0.0.1:${port}`,
+      }),
+    }),
+    smtp: { host: '127.0.0.1', port },
+  });
+  try {
+    await instance.prepare();
+    await instance.start(options.resolvConf ? { resolvConf: options.resolvConf } : {});
+  } catch (error) {
+    await instance.stop();
+    throw error;
+  }
+  return { instance, host: '127.0.0.1', port, stop: () => instance.stop() };
+}
