@@ -6,14 +6,15 @@ export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 NODE := $(CURDIR)/node_modules/.bin/node
 TEST_FILES ?= test/**/*.test.ts
 
-.PHONY: run test check lint typecheck install postgres database migrate bench-api clean
+.PHONY: run test check lint typecheck install postgres mail-tools database migrate bench-api bench-mail clean
 
-## run: start the service in the foreground (Ctrl-C stops it)
-run: install database
+## run: start the whole stack in the foreground: API, policy daemon, milter, LMTP receiver and a
+## private Postfix on 127.0.0.1:$$SMTP_PORT (default 2525); Ctrl-C stops everything
+run: install database mail-tools
 	$(NODE) src/main.ts all
 
 ## test: lint, type-check and run every test against the local PostgreSQL
-test: install postgres check
+test: install postgres mail-tools check
 	$(NODE) --test --test-global-setup=test/support/global-setup.ts --test-concurrency=4 '$(TEST_FILES)'
 
 check: lint typecheck
@@ -51,6 +52,20 @@ postgres:
 	for i in $$(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 1; done; \
 	echo "PostgreSQL did not come up on 127.0.0.1:5432"; exit 1
 
+## mail-tools: Postfix (our private instance), dnsmasq (the tests' DNS) and postgrey (bench-mail's
+## yardstick), from Debian's packages when missing. Postfix is preseeded to "No configuration" so the
+## package never starts a system Postfix on port 25.
+MAIL_PACKAGES := /usr/sbin/postfix:postfix /usr/sbin/dnsmasq:dnsmasq-base /usr/sbin/postgrey:postgrey
+mail-tools:
+	@missing=""; for pair in $(MAIL_PACKAGES); do [ -x "$${pair%%:*}" ] || missing="$$missing $${pair##*:}"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "missing Debian packages:$$missing — run as root: apt-get install$$missing"; exit 1; \
+	fi; \
+	echo "installing from Debian's packages:$$missing"; \
+	echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null
+
 database: install postgres
 	$(NODE) src/cli/ensure-database.ts
 
@@ -60,6 +75,13 @@ migrate: database
 ## bench-api: load 1,000 inboxes of 20 messages and measure poll, status and download (see README)
 bench-api: install database
 	$(NODE) test/bench/api-bench.ts
+
+## bench-mail: messages/s through the real stack vs. Postfix delivering to a null LMTP sink, the policy
+## daemon vs. postgrey, and the receiver's memory with ten 25 MiB messages at once (see README)
+bench-mail: install database mail-tools
+	$(NODE) test/bench/mail-bench.ts
+	$(NODE) test/bench/policy-bench.ts
+	$(NODE) test/bench/lmtp-memory.ts
 
 clean:
 	rm -rf node_modules .run

@@ -41,7 +41,10 @@ async function main(argv: string[]): Promise<void> {
     if (entry === 'migrate') return;
   }
   const all = entry === 'all';
-  const container = buildContainer(config, { log: createLog('api'), poolSize: all ? 20 : 10 });
+  const container = buildContainer(config, {
+    log: createLog(all ? 'service' : entry),
+    poolSize: all ? 20 : 10,
+  });
   const running: Running[] = [];
   const stop = async (signal: string) => {
     log({ msg: 'stopping', signal });
@@ -56,6 +59,7 @@ async function main(argv: string[]): Promise<void> {
         );
     }
     await container.resolve<Database>(TOKENS.Database).close();
+    log({ msg: 'stopped' });
     process.exit(0);
   };
   process.once('SIGTERM', () => void stop('SIGTERM'));
