@@ -11,7 +11,7 @@
  * Starting needs root (the master binds ports, switches to the postfix user and owns the queue).
  */
 import { execFile } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, realpathSync } from 'node:fs';
 import { chmod, mkdir, readFile, stat, utimes, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
@@ -34,7 +34,7 @@ export function findPostfix(
     return `Postfix is not installed (${POSTFIX_COMMAND} is missing): apt-get install postfix (Debian) — make run installs it when run as root`;
   }
   if (uid !== 0) {
-    return 'Postfix must be started as root (its master binds the SMTP port and runs its daemons as the postfix user): run as root, or use the container stack';
+    return 'Postfix must be started as root (its master binds the SMTP port and runs its daemons as the postfix user): run this as root';
   }
   return undefined;
 }
@@ -78,9 +78,9 @@ interface RunResult {
   stderr: string;
 }
 
-function run(command: string, args: string[], env?: NodeJS.ProcessEnv): Promise<RunResult> {
+function run(command: string, args: string[]): Promise<RunResult> {
   return new Promise((done) => {
-    execFile(command, args, { env: env ?? process.env, maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
+    execFile(command, args, { maxBuffer: 64 << 20 }, (error, stdout, stderr) => {
       const code = error ? (typeof error.code === 'number' ? error.code : 1) : 0;
       done({
         code,
@@ -93,12 +93,17 @@ function run(command: string, args: string[], env?: NodeJS.ProcessEnv): Promise<
 
 const shellQuote = (s: string): string => `'${s.replaceAll("'", `'\\''`)}'`;
 
+/** Whether the process exists and is not a zombie waiting to be reaped (the master is not our child). */
 function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
-    return true;
   } catch (error) {
     return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+  try {
+    return !/^\d+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
+  } catch {
+    return true;
   }
 }
 
@@ -296,7 +301,15 @@ export class PostfixInstance {
       return undefined;
     }
     const pid = Number(text.trim());
-    return Number.isSafeInteger(pid) && pid > 0 && alive(pid) ? pid : undefined;
+    if (!Number.isSafeInteger(pid) || pid <= 0 || !alive(pid)) return undefined;
+    // A stale pid file may name a process that has nothing to do with us: the master works in its
+    // queue directory.
+    try {
+      if (realpathSync(`/proc/${pid}/cwd`) !== realpathSync(this.dirs.queueDirectory)) return undefined;
+    } catch {
+      return undefined;
+    }
+    return pid;
   }
 
   async maillogTail(lines = 20): Promise<string> {

@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -35,9 +35,11 @@ async function standIn(where: Where, onConnection: (socket: Socket) => void): Pr
     socket.on('error', () => {});
     onConnection(socket);
   });
-  await new Promise<void>((done) =>
-    'path' in where ? server.listen(where.path, done) : server.listen(where.port, where.host, done),
-  );
+  await new Promise<void>((done, fail) => {
+    server.once('error', fail);
+    if ('path' in where) server.listen(where.path, done);
+    else server.listen(where.port, where.host, done);
+  });
   if ('path' in where) await chmod(where.path, 0o666);
   const address = 'path' in where ? where.path : String(where.port);
   const close = () => {
@@ -157,6 +159,14 @@ function swaks(args: string[]): Promise<{ code: number; output: string }> {
   );
 }
 
+/** swaks with HELO mail.sender.test and MAIL FROM s@allowed.test, from `client` (default 127.0.0.1). */
+function send(port: number, to: string, options: { client?: string; quitAfter?: string } = {}) {
+  const args = ['--port', String(port), '--helo', 'mail.sender.test', '--from', 's@allowed.test', '--to', to];
+  if (options.client) args.push('--local-interface', options.client);
+  if (options.quitAfter) args.push('--quit-after', options.quitAfter);
+  return swaks(args);
+}
+
 async function until<T>(
   what: string,
   probe: () => T | undefined | Promise<T | undefined>,
@@ -178,6 +188,7 @@ async function startMx(
   sockets: 'inet' | 'unix',
   overrides: Record<string, string> = {},
 ) {
+  await mkdir(runDir, { recursive: true, mode: 0o755 });
   const where = async (name: string): Promise<Where> =>
     sockets === 'unix'
       ? { path: join(runDir, `${name}.sock`) }
@@ -211,20 +222,23 @@ async function startMx(
     await stop();
     throw error;
   }
-  return { mx, config, seen, lmtpConnections, policy, milter, stop };
+  return { postfix: mx, config, seen, lmtpConnections, policy, milter, stop };
 }
 
 let base: string;
 let dns: Dnsmasq | undefined;
 const cleanups: (() => Promise<void>)[] = [];
 
-before(async () => {
-  const problem = findPostfix();
-  if (problem) throw new Error(problem);
-  base = await mkdtemp(join(tmpdir(), 'postfix-live-'));
-  await chmod(base, 0o755);
-  dns = await startDnsmasq({ records: testZone().records });
-});
+before(
+  async () => {
+    const problem = findPostfix();
+    if (problem) throw new Error(problem);
+    base = await mkdtemp(join(tmpdir(), 'postfix-live-'));
+    await chmod(base, 0o755);
+    dns = await startDnsmasq({ records: testZone().records });
+  },
+  { timeout: 30_000 },
+);
 
 after(async () => {
   for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
@@ -236,27 +250,19 @@ describe('the receiving MX over TCP', { timeout: 60_000 }, () => {
   let mx: Awaited<ReturnType<typeof startMx>>;
   let sender: SenderPostfix;
 
-  before(async () => {
-    // A longer idle limit than the default 2 s, so a slow machine still reuses the LMTP connection.
-    mx = await startMx(join(base, 'inet'), dns as Dnsmasq, 'inet', {
-      lmtp_connection_cache_time_limit: '10s',
-    });
-    cleanups.push(mx.stop);
-  });
+  before(
+    async () => {
+      // A longer idle limit than the default 2 s, so a slow machine still reuses the LMTP connection.
+      mx = await startMx(join(base, 'inet'), dns as Dnsmasq, 'inet', {
+        lmtp_connection_cache_time_limit: '10s',
+      });
+      cleanups.push(mx.stop);
+    },
+    { timeout: 30_000 },
+  );
 
   test('a message from 127.0.0.3 reaches the LMTP sink with XFORWARD IDENT = the queue id', async () => {
-    const sent = await swaks([
-      '--port',
-      String(mx.config.smtpPort),
-      '--local-interface',
-      CLIENTS.good,
-      '--helo',
-      'mail.sender.test',
-      '--from',
-      's@allowed.test',
-      '--to',
-      'box1@svc.test',
-    ]);
+    const sent = await send(mx.config.smtpPort, 'box1@svc.test', { client: CLIENTS.good });
     assert.equal(sent.code, 0, sent.output);
     const queueId = /250 2\.0\.0 Ok: queued as (\w+)/.exec(sent.output)?.[1] as string;
     assert.match(queueId, /^[0-9A-Za-z]{12,}$/, 'a long queue id');
@@ -280,41 +286,26 @@ describe('the receiving MX over TCP', { timeout: 60_000 }, () => {
       ['CONNECT', 'RCPT'],
     );
     assert.equal(fromClient[0]?.client_name, 'mail.sender.test', 'PTR and A record from dnsmasq');
-    await until('an empty queue', () => mx.mx.queueEmpty());
+    await until('an empty queue', () => mx.postfix.queueEmpty());
   });
 
   test('the next message reuses the cached LMTP connection', async () => {
     const before = mx.lmtpConnections.count;
-    const sent = await swaks([
-      '--port',
-      String(mx.config.smtpPort),
-      '--local-interface',
-      CLIENTS.good,
-      '--helo',
-      'mail.sender.test',
-      '--from',
-      's@allowed.test',
-      '--to',
-      'box2@svc.test',
-    ]);
+    const sent = await send(mx.config.smtpPort, 'box2@svc.test', { client: CLIENTS.good });
     assert.equal(sent.code, 0, sent.output);
     await until('the delivery', () => mx.seen.deliveries.find((d) => d.rcptTo[0] === '<box2@svc.test>'));
     assert.equal(mx.lmtpConnections.count, before);
     assert.match(
-      await mx.mx.maillog(),
+      await mx.postfix.maillog(),
       /to=<box2@svc\.test>, relay=127\.0\.0\.1\[127\.0\.0\.1\]:\d+, conn_use=2/,
     );
   });
 
   test('Postfix sees a PTR without a matching A record as an unverified name', async () => {
-    const sent = await swaks([
-      '--port',
-      String(mx.config.smtpPort),
-      '--local-interface',
-      CLIENTS.unconfirmedPtr,
-      '--quit-after',
-      'CONNECT',
-    ]);
+    const sent = await send(mx.config.smtpPort, 'box@svc.test', {
+      client: CLIENTS.unconfirmedPtr,
+      quitAfter: 'CONNECT',
+    });
     assert.equal(sent.code, 0, sent.output);
     const request = mx.seen.policy.find((r) => r.client_address === CLIENTS.unconfirmedPtr);
     assert.equal(request?.client_name, 'unknown');
@@ -330,15 +321,10 @@ describe('the receiving MX over TCP', { timeout: 60_000 }, () => {
       resolvConf: (dns as Dnsmasq).resolvConfPath,
     });
     cleanups.push(sender.stop);
-    const sent = await swaks([
-      '--port',
-      String(sender.port),
-      '--from',
-      's@allowed.test',
-      '--to',
-      'first@svc.test,second@svc.test',
-    ]);
+    const sent = await send(sender.port, 'first@svc.test,second@svc.test');
     assert.equal(sent.code, 0, sent.output);
+    await until('the deferral', async () => /said: 452 4\.5\.3 /.test(await sender.instance.maillog()));
+    await sender.instance.flush(); // retry now rather than after the backoff
     const rcpts = () => mx.seen.deliveries.flatMap((d) => d.rcptTo);
     await until(
       'both recipients',
@@ -359,24 +345,16 @@ describe('the receiving MX over TCP', { timeout: 60_000 }, () => {
 describe('the receiving MX over unix sockets', { timeout: 60_000 }, () => {
   let mx: Awaited<ReturnType<typeof startMx>>;
 
-  before(async () => {
-    mx = await startMx(join(base, 'unix'), dns as Dnsmasq, 'unix');
-    cleanups.push(mx.stop);
-  });
+  before(
+    async () => {
+      mx = await startMx(join(base, 'unix'), dns as Dnsmasq, 'unix');
+      cleanups.push(mx.stop);
+    },
+    { timeout: 30_000 },
+  );
 
   test('policy, milter and LMTP work as unix:/path endpoints', async () => {
-    const sent = await swaks([
-      '--port',
-      String(mx.config.smtpPort),
-      '--local-interface',
-      CLIENTS.good,
-      '--helo',
-      'mail.sender.test',
-      '--from',
-      's@allowed.test',
-      '--to',
-      'box@svc.test',
-    ]);
+    const sent = await send(mx.config.smtpPort, 'box@svc.test', { client: CLIENTS.good });
     assert.equal(sent.code, 0, sent.output);
     const delivery = await until('the delivery', () => mx.seen.deliveries[0]);
     assert.match(delivery.xforward[1] ?? '', /^PROTO=ESMTP HELO=mail\.sender\.test IDENT=\w+ SOURCE=REMOTE$/);
@@ -385,32 +363,17 @@ describe('the receiving MX over unix sockets', { timeout: 60_000 }, () => {
 
   test('without the milter, mail is refused with a temporary 451 4.7.1', async () => {
     await mx.milter.close();
-    const sent = await swaks([
-      '--port',
-      String(mx.config.smtpPort),
-      '--local-interface',
-      CLIENTS.good,
-      '--helo',
-      'mail.sender.test',
-      '--from',
-      's@allowed.test',
-      '--to',
-      'box@svc.test',
-    ]);
+    const sent = await send(mx.config.smtpPort, 'box@svc.test', { client: CLIENTS.good });
     assert.notEqual(sent.code, 0);
     assert.match(sent.output, /<\*\* +451 4\.7\.1 Service unavailable - try again later/);
   });
 
   test('without the policy server, the greeting is a temporary 451 4.3.5', async () => {
     await mx.policy.close();
-    const sent = await swaks([
-      '--port',
-      String(mx.config.smtpPort),
-      '--local-interface',
-      CLIENTS.good,
-      '--quit-after',
-      'CONNECT',
-    ]);
+    const sent = await send(mx.config.smtpPort, 'box@svc.test', {
+      client: CLIENTS.good,
+      quitAfter: 'CONNECT',
+    });
     assert.match(
       sent.output,
       /<\*\* +451 4\.3\.5 <mail\.sender\.test\[127\.0\.0\.3\]>: Client host rejected: Server configuration problem/,

@@ -1,0 +1,207 @@
+/**
+ * mail-bench - messages stored per second through the real stack, against the same Postfix delivering
+ * to a null LMTP sink (`smtp-sink -L`) as the yardstick (issue 3's targets: at least 0.5 of the
+ * yardstick for 10 KiB messages, 0.6 for 1 MiB).
+ *
+ * Both runs use one private Postfix configuration rendered from postfix/ with the test DNS (dnsmasq).
+ * The yardstick run removes the policy service and the milter and points virtual_transport at
+ * smtp-sink; ours runs the policy daemon, milter and LMTP receiver as three processes
+ * (`node src/main.ts policy|milter|lmtp`, the production shape) on a scratch database. Load:
+ * `smtp-source -s 20` (20 parallel sessions) from 127.0.0.1, one recipient per message. Time runs from
+ * the first connection to the last message stored (ours: counted in Postgres; the sink's: Postfix's
+ * `status=sent` lines in its log).
+ *
+ *   node test/bench/mail-bench.ts        (BENCH_SMALL_COUNT, BENCH_LARGE_COUNT, BENCH_SESSIONS)
+ */
+import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import pg from 'pg';
+import { type Config, loadConfig } from '../../src/config/config.ts';
+import { buildContainer, TOKENS } from '../../src/container.ts';
+import type { InboxService } from '../../src/core/inbox-service.ts';
+import { PostfixInstance } from '../../src/postfix/instance.ts';
+import { renderPostfix } from '../../src/postfix/render.ts';
+import type { Database } from '../../src/storage/database.ts';
+import { migrate } from '../../src/storage/migrate.ts';
+import { testZone } from '../support/dns-zone.ts';
+import { startDnsmasq } from '../support/dnsmasq.ts';
+import { freePort } from '../support/sender-postfix.ts';
+
+const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+const DB_NAME = 'inbox_mail_bench';
+const SESSIONS = Number(process.env.BENCH_SESSIONS ?? 20);
+const CASES = [
+  { name: '10 KiB', bytes: 10 * 1024, count: Number(process.env.BENCH_SMALL_COUNT ?? 2000), target: 0.5 },
+  { name: '1 MiB', bytes: 1024 * 1024, count: Number(process.env.BENCH_LARGE_COUNT ?? 300), target: 0.6 },
+];
+const NODE = process.execPath;
+const run = (cmd: string, args: string[]) =>
+  new Promise<string>((resolve, reject) =>
+    execFile(cmd, args, { maxBuffer: 1 << 24 }, (error, stdout, stderr) =>
+      error ? reject(new Error(`${cmd} ${args.join(' ')}: ${stderr || error.message}`)) : resolve(stdout),
+    ),
+  );
+
+async function main(): Promise<void> {
+  const dbUrl = new URL(ADMIN_URL);
+  dbUrl.pathname = `/${DB_NAME}`;
+  const admin = new pg.Client({ connectionString: ADMIN_URL });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`);
+  await admin.query(`CREATE DATABASE ${DB_NAME}`);
+  await admin.end();
+  await migrate(dbUrl.toString());
+
+  const dns = await startDnsmasq({ records: testZone().records });
+  const [policyPort, milterPort, lmtpPort, sinkPort, smtpPort] = await Promise.all(
+    Array.from({ length: 5 }, () => freePort()),
+  );
+  const env: Record<string, string> = {
+    ENVIRONMENT: 'dev',
+    DATABASE_URL: dbUrl.toString(),
+    SECRET_KEY: 'mail-bench-secret-key-0123456789abcdef',
+    MAIL_DOMAIN: 'svc.test',
+    AUTHSERV_ID: 'mx.svc.test',
+    DNS_SERVERS: dns.address,
+    QUOTA_BYTES: String(100 * 1024 ** 3),
+    POLICY_PORT: String(policyPort),
+    MILTER_PORT: String(milterPort),
+    LMTP_PORT: String(lmtpPort),
+    SMTP_PORT: String(smtpPort),
+  };
+  const config = loadConfig(env) as Config & { secretKey: string };
+  const container = buildContainer(config, { log: () => {} });
+  const inboxes = container.resolve<InboxService>(TOKENS.InboxService);
+  const db = container.resolve<Database>(TOKENS.Database);
+
+  const children: ChildProcess[] = [];
+  const baseDir = await mkdtemp(join(tmpdir(), 'mail-bench-'));
+  await chmod(baseDir, 0o755); // the postfix user must reach the queue below it
+  const results: string[] = [];
+  try {
+    for (const entry of ['policy', 'milter', 'lmtp']) {
+      children.push(
+        spawn(NODE, ['src/main.ts', entry], { env: { ...process.env, ...env }, stdio: 'ignore' }),
+      );
+    }
+    await sleep(1500);
+    const sink = spawn('smtp-sink', ['-L', '-c', `127.0.0.1:${sinkPort}`, '256'], { stdio: 'ignore' });
+    children.push(sink);
+
+    const instance = (name: string, overrides: Record<string, string>) =>
+      new PostfixInstance({
+        baseDir: join(baseDir, name),
+        render: (dirs) => renderPostfix(config, dirs, overrides),
+        smtp: { host: '127.0.0.1', port: smtpPort as number },
+      });
+    const yardstick = instance('sink', {
+      virtual_transport: `lmtp:inet:127.0.0.1:${sinkPort}`,
+      smtpd_client_restrictions: '',
+      smtpd_recipient_restrictions: 'reject_unauth_destination',
+      smtpd_milters: '',
+    });
+    const ours = instance('ours', {});
+
+    for (const c of CASES) {
+      const sinkRate = await measure(
+        yardstick,
+        c,
+        async () => countSent(yardstick),
+        'sink',
+        dns.resolvConfPath,
+      );
+      const inbox = (await inboxes.provision([])).body;
+      const storedCount = async () => {
+        const [row] = await db.rows<{ n: number }>(
+          'bench-count',
+          `SELECT count(*)::int AS n FROM messages WHERE inbox_id = $1 AND state = 'stored'`,
+          [inbox.inbox_id],
+        );
+        return row?.n ?? 0;
+      };
+      const ourRate = await measure(
+        ours,
+        { ...c, to: inbox.address },
+        storedCount,
+        'ours',
+        dns.resolvConfPath,
+      );
+      const ratio = ourRate / sinkRate;
+      results.push(
+        `| ${c.name} | ${c.count} | ${sinkRate.toFixed(0)} | ${ourRate.toFixed(0)} | ${ratio.toFixed(2)} | ${c.target} | ${ratio >= c.target ? 'yes' : 'no'} |`,
+      );
+    }
+  } finally {
+    for (const child of children) child.kill('SIGTERM');
+    await db.close();
+    await dns.stop();
+    await rm(baseDir, { recursive: true, force: true });
+  }
+  process.stdout.write(
+    [
+      `\n${SESSIONS} smtp-source sessions, one recipient per message; messages/s from first connection to last stored`,
+      '| size | messages | sink msg/s | ours msg/s | ratio | target | met |',
+      '|---|---|---|---|---|---|---|',
+      ...results,
+      '',
+    ].join('\n'),
+  );
+}
+
+async function countSent(postfix: PostfixInstance): Promise<number> {
+  const log = await readFile(postfix.dirs.maillogFile, 'utf8').catch(() => '');
+  return log.split('status=sent').length - 1;
+}
+
+async function measure(
+  postfix: PostfixInstance,
+  c: { name: string; bytes: number; count: number; to?: string },
+  delivered: () => Promise<number>,
+  label: string,
+  resolvConf: string,
+): Promise<number> {
+  await postfix.stop();
+  await rm(postfix.dirs.maillogFile, { force: true });
+  await postfix.prepare();
+  await postfix.start({ resolvConf });
+  const before = await delivered();
+  const to = c.to ?? 'sink@svc.test';
+  const started = performance.now();
+  await run('smtp-source', [
+    '-s',
+    String(SESSIONS),
+    '-m',
+    String(c.count),
+    '-l',
+    String(c.bytes),
+    '-f',
+    'bench@allowed.test',
+    '-t',
+    to,
+    '-M',
+    'mail.sender.test',
+    `127.0.0.1:${postfix.smtp.port}`,
+  ]);
+  for (;;) {
+    const done = (await delivered()) - before;
+    if (done >= c.count) break;
+    if (performance.now() - started > 600_000)
+      throw new Error(`${label}: only ${done} of ${c.count} delivered`);
+    await sleep(50);
+  }
+  const seconds = (performance.now() - started) / 1000;
+  const rate = c.count / seconds;
+  process.stdout.write(
+    `${label} ${c.name}: ${c.count} messages in ${seconds.toFixed(1)} s = ${rate.toFixed(0)}/s\n`,
+  );
+  await postfix.stop();
+  return rate;
+}
+
+main().catch((error: unknown) => {
+  process.stderr.write(`${error instanceof Error ? error.stack : String(error)}\n`);
+  process.exit(1);
+});

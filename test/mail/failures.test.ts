@@ -1,0 +1,273 @@
+/**
+ * Failures on our side never lose mail and never refuse it permanently (DESIGN decisions 1, 4, 5;
+ * MAIL-FACTS B.5, F.6): with the policy daemon down, or the milter down, the sender gets a 4xx and
+ * nothing is recorded; with Postgres refusing connections, the milter cannot reserve (4xx at end of
+ * data), and the LMTP receiver answers 4xx, so Postfix keeps the accepted message deferred and delivers
+ * it once the database is back: stored once, no bounce.
+ *
+ * "Postgres down" is real and touches only this file's database: ALLOW_CONNECTIONS false plus
+ * pg_terminate_backend of its sessions, from an admin connection; then allowed again.
+ *
+ * Idempotency of one queue id delivered twice over LMTP is covered in test/lmtp/receiver.test.ts and
+ * test/lmtp/database-failure.test.ts.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import pg from 'pg';
+import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { ADMIN_URL } from '../support/database.ts';
+import { MAIL_DOMAIN, type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
+import { type Reply, SmtpClient, type TransactionReplies } from '../support/smtp-client.ts';
+
+let s: MailStack;
+before(async () => {
+  s = await startMailStack({ env: { POLL_RATE_BURST: '100000' } });
+});
+after(async () => {
+  await allowConnections().catch(() => undefined);
+  await s?.close();
+});
+
+async function admin(sql: string, values: unknown[] = []): Promise<void> {
+  const client = new pg.Client({ connectionString: ADMIN_URL });
+  await client.connect();
+  try {
+    await client.query(sql, values);
+  } finally {
+    await client.end();
+  }
+}
+
+/** The test database refuses new connections and loses the ones it had. */
+async function refuseConnections(): Promise<void> {
+  await admin(`ALTER DATABASE ${s.database.name} WITH ALLOW_CONNECTIONS false`);
+  await admin(
+    'SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()',
+    [s.database.name],
+  );
+}
+
+async function allowConnections(): Promise<void> {
+  if (s) await admin(`ALTER DATABASE ${s.database.name} WITH ALLOW_CONNECTIONS true`);
+}
+
+const status = async (inbox: ProvisionedInbox) => {
+  const r = await s.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.owner });
+  assert.equal(r.status, 200, r.text);
+  return r.json;
+};
+const poll = async (inbox: ProvisionedInbox) => {
+  const r = await s.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, { token: inbox.credentials.owner });
+  assert.equal(r.status, 200, r.text);
+  return r.json;
+};
+
+/** Every reply of a session, in order. */
+const transcript = (r: TransactionReplies): Reply[] =>
+  [r.greeting, r.ehlo, r.mail, ...r.rcpt, r.data, r.end].filter((x): x is Reply => x !== undefined);
+
+/** Nothing about the inbox changed: no message, no reservation, no event. */
+async function assertUntouched(inbox: ProvisionedInbox): Promise<void> {
+  const st = await status(inbox);
+  assert.deepEqual([st.message_count, st.quota_used_bytes, st.rejection_count], [0, 0, 0]);
+  const p = await poll(inbox);
+  assert.deepEqual([p.messages.length, p.rejections.length], [0, 0]);
+}
+
+const POLICY_DOWN_AT_CONNECT =
+  '451 4.3.5 <mail.sender.test[127.0.0.3]>: Client host rejected: Server configuration problem';
+const MILTER_DOWN = '451 4.7.1 Service unavailable - try again later';
+
+/** A session from 127.0.0.3 brought up to an accepted RCPT. */
+async function openTransaction(to: string): Promise<SmtpClient> {
+  const { client, greeting } = await SmtpClient.open(s.smtpPort, { localAddress: '127.0.0.3' });
+  assert.equal(greeting.code, 220, greeting.text);
+  assert.equal((await client.command('EHLO mail.sender.test')).code, 250);
+  assert.equal((await client.command('MAIL FROM:<sender@allowed.test>')).code, 250);
+  const rcpt = await client.command(`RCPT TO:<${to}>`);
+  assert.equal(rcpt.code, 250, rcpt.text);
+  return client;
+}
+
+test('policy daemon down: the connecting sender gets 451 4.3.5 (Postfix default_action), never a 5xx, and nothing is recorded', async () => {
+  const inbox = await s.provision();
+  await s.stopDaemon('policy');
+  let r: TransactionReplies;
+  try {
+    r = await s.send({ to: [inbox.address], message: plainMessage({ to: inbox.address }) });
+  } finally {
+    await s.startDaemon('policy');
+  }
+  // smtpd_delay_reject = no: the CONNECT-stage policy query fails first, so the greeting carries it.
+  assert.equal(r.greeting.text, POLICY_DOWN_AT_CONNECT);
+  assert.equal(r.mail, undefined);
+  await assertUntouched(inbox);
+  assert.ok(await s.postfix.queueEmpty());
+});
+
+test('policy daemon gone after CONNECT: RCPT gets 451 4.3.5 Server configuration problem, and nothing is recorded', async () => {
+  const inbox = await s.provision();
+  const { client, greeting } = await SmtpClient.open(s.smtpPort, { localAddress: '127.0.0.3' });
+  let rcpt: Reply;
+  try {
+    assert.equal(greeting.code, 220, greeting.text);
+    assert.equal((await client.command('EHLO mail.sender.test')).code, 250);
+    assert.equal((await client.command('MAIL FROM:<sender@allowed.test>')).code, 250);
+    await s.stopDaemon('policy');
+    try {
+      rcpt = await client.command(`RCPT TO:<${inbox.address}>`);
+    } finally {
+      await s.startDaemon('policy');
+    }
+  } finally {
+    await client.quit();
+  }
+  assert.equal(
+    rcpt.text,
+    `451 4.3.5 <${inbox.address}>: Recipient address rejected: Server configuration problem`,
+  );
+  await assertUntouched(inbox);
+  assert.ok(await s.postfix.queueEmpty());
+});
+
+test('milter down: MAIL FROM gets 451 4.7.1 Service unavailable - try again later (milter_default_action = tempfail), and nothing is recorded or queued', async () => {
+  const inbox = await s.provision();
+  await s.stopDaemon('milter');
+  let r: TransactionReplies;
+  try {
+    r = await s.send({ to: [inbox.address], message: plainMessage({ to: inbox.address }) });
+  } finally {
+    await s.startDaemon('milter');
+  }
+  assert.equal(r.greeting.code, 220);
+  assert.equal(r.mail?.text, MILTER_DOWN);
+  assert.deepEqual(r.rcpt, []);
+  await assertUntouched(inbox);
+  assert.ok(await s.postfix.queueEmpty());
+});
+
+test('milter gone in the middle of a transaction: end of data gets 451 4.7.1 Service unavailable - try again later, and nothing is queued', async () => {
+  const inbox = await s.provision();
+  const client = await openTransaction(inbox.address);
+  let replies: Reply[];
+  try {
+    await s.stopDaemon('milter'); // cuts the session's milter connection after its grace
+    try {
+      const { start, end } = await client.data(plainMessage({ to: inbox.address }));
+      replies = end ? [start, end] : [start];
+    } finally {
+      await s.startDaemon('milter');
+    }
+  } finally {
+    await client.quit();
+  }
+  assert.deepEqual(
+    replies.map((r) => r.text),
+    ['354 End data with <CR><LF>.<CR><LF>', MILTER_DOWN],
+  );
+  await assertUntouched(inbox);
+  assert.ok(await s.postfix.queueEmpty());
+});
+
+test('Postgres unavailable: the milter answers 4xx at end of data, the receiver 4xx, Postfix keeps the accepted message deferred and delivers it once when the database is back, with no bounce', async () => {
+  const inbox = await s.provision();
+  const accepted = plainMessage({ to: inbox.address, subject: 'held', messageId: '<held@allowed.test>' });
+
+  // 1. The milter reserves the message while the database is up; the receiver is down, so it waits.
+  await s.stopDaemon('lmtp');
+  let queueId: string | undefined;
+  let duringOutage: TransactionReplies | undefined;
+  let endOfData: Reply | undefined;
+  try {
+    const sent = await s.send({ to: [inbox.address], message: accepted });
+    queueId = /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(sent.end?.text ?? '')?.[1];
+    assert.ok(queueId, sent.end?.text);
+    await s.waitFor('the message deferred (receiver down)', async () =>
+      (await s.postfix.queue()).find((e) => e.queueId === queueId && e.recipients[0]?.delayReason),
+    );
+    const reserved = await status(inbox);
+    assert.equal(reserved.message_count, 1);
+    const pending = await openTransaction(inbox.address);
+
+    // 2. The database goes away.
+    await refuseConnections();
+    try {
+      // A transaction past RCPT: the milter cannot reserve at end of data.
+      try {
+        const { start, end } = await pending.data(plainMessage({ to: inbox.address, subject: 'late' }));
+        assert.equal(start.code, 354);
+        endOfData = end;
+      } finally {
+        await pending.quit();
+      }
+      // A new session: whatever stage refuses it, it is a 4xx.
+      duringOutage = await s.send({
+        to: [inbox.address],
+        message: plainMessage({ to: inbox.address, subject: 'during' }),
+      });
+
+      // 3. The receiver comes back while the database is still away: it answers 4xx, Postfix defers.
+      await s.startDaemon('lmtp');
+      await s.postfix.flush();
+      const deferred = await s.waitFor('the receiver deferring the message', async () => {
+        const entry = (await s.postfix.queue()).find((e) => e.queueId === queueId);
+        const reason = entry?.recipients[0]?.delayReason ?? '';
+        return reason.includes('451 4.3.0') ? reason : undefined;
+      });
+      assert.match(
+        deferred,
+        new RegExp(
+          `said: 451 4\\.3\\.0 ${MAIL_DOMAIN.replace('.', '\\.')}: temporary failure storing the message, try again later`,
+        ),
+      );
+    } finally {
+      await allowConnections();
+    }
+  } finally {
+    await s.startDaemon('lmtp').catch(() => undefined);
+  }
+
+  assert.equal(endOfData?.text, MILTER_DOWN, 'the milter could not decide: tempfail');
+  // A new session during the outage is turned away at RCPT: the policy daemon cannot look the inbox
+  // up, drops the query unanswered, and Postfix applies its default_action. Never a 5xx.
+  const outage = transcript(duringOutage as TransactionReplies);
+  assert.ok(
+    outage.every((reply) => reply.code < 500),
+    JSON.stringify(outage),
+  );
+  assert.equal(
+    duringOutage?.rcpt[0]?.text,
+    `451 4.3.5 <${inbox.address}>: Recipient address rejected: Server configuration problem`,
+  );
+  assert.equal(duringOutage?.end, undefined);
+
+  // 4. The database is back: the next retry stores the message, once.
+  await s.postfix.flush();
+  const polled = await s.waitFor('the held message stored', async () => {
+    const p = await poll(inbox);
+    return p.messages.length > 0 ? p : undefined;
+  });
+  await s.waitFor('an empty queue', async () => ((await s.postfix.queueEmpty()) ? true : undefined));
+  const final = await poll(inbox);
+  assert.equal(final.messages.length, 1);
+  assert.equal(final.rejections.length, 0);
+  const [m] = polled.messages;
+  assert.equal(m.internet_message_id, '<held@allowed.test>');
+  const download = await s.api.get(m.url, { token: inbox.credentials.reader });
+  assert.ok(
+    download.bytes.subarray(-accepted.length).equals(accepted),
+    'the download ends with the message sent',
+  );
+  const st = await status(inbox);
+  assert.deepEqual([st.message_count, st.quota_used_bytes, st.rejection_count], [1, m.size_bytes, 0]);
+
+  const log = (await s.postfix.maillog()).split('\n').filter((l) => l.includes(`${queueId}:`));
+  assert.ok(
+    log.some((l) => /status=deferred .*451 4\.3\.0/.test(l)),
+    log.join('\n'),
+  );
+  assert.equal(log.filter((l) => l.includes('status=sent')).length, 1, log.join('\n'));
+  const whole = await s.postfix.maillog();
+  assert.doesNotMatch(whole, /status=bounced/);
+  assert.doesNotMatch(whole, /sender non-delivery notification/);
+});

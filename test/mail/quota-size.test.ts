@@ -1,0 +1,291 @@
+/**
+ * Quota and size over real SMTP through the real Postfix (contract section 4 "Receiving mail" and
+ * section 8; DESIGN decisions 2 and 4).
+ *
+ * Quota: a message larger than the free quota is refused at end of data with the milter's literal
+ * `555 5.7.1 svc.test: mailbox quota exceeded` and a `quota` event; a declared SIZE= over it is refused
+ * at RCPT; mail in flight (reserved by the milter, not yet stored over LMTP) counts; concurrent
+ * deliveries never overfill an inbox. The milter reserves size-as-sent + our Authentication-Results +
+ * RECEIVED_ALLOWANCE_BYTES; the stored message then counts its real size. Sizes below keep margins of
+ * several KB either side of every boundary.
+ *
+ * Size: a single message is at most 25 MiB (26214400 bytes) counted as the sender sends it; exactly
+ * that passes and downloads byte-exact, one byte more is `552 5.3.4` at end of data and nothing is kept.
+ */
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { RECEIVED_ALLOWANCE_BYTES } from '../../src/core/message-admission.ts';
+import { MAIL_DOMAIN, type MailStack, startMailStack } from '../support/mail-stack.ts';
+import type { TransactionReplies } from '../support/smtp-client.ts';
+
+const QUOTA_BYTES = 200_000;
+const QUOTA_EXCEEDED = `555 5.7.1 ${MAIL_DOMAIN}: mailbox quota exceeded`;
+const TOO_BIG = '552 5.3.4 Message size exceeds fixed maximum message size';
+const MAX_MESSAGE_BYTES = 26_214_400;
+
+let serial = 0;
+
+/**
+ * A message of exactly `size` bytes as sent (header, blank line, body), CRLF line ends, body lines of
+ * 76 ASCII characters (none starts with a dot).
+ */
+function messageOfSize(to: string, size: number, subject = `sized ${size}`): Buffer {
+  const id = `<q${process.pid}.${++serial}@allowed.test>`;
+  const head = Buffer.from(
+    [
+      'From: Sender <sender@allowed.test>',
+      `To: ${to}`,
+      `Subject: ${subject}`,
+      `Message-ID: ${id}`,
+      'Date: Sat, 21 Nov 2026 12:00:00 +0000',
+      'MIME-Version: 1.0',
+      'Content-Type: text/plain; charset=us-ascii',
+      '',
+      '',
+    ].join('\r\n'),
+  );
+  const n = size - head.length;
+  assert.ok(n >= 2, 'size too small for the header');
+  const message = Buffer.alloc(size, 'abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ ');
+  head.copy(message);
+  const body = message.subarray(head.length);
+  for (let end = 76; end + 2 <= n - 2; end += 78) body.write('\r\n', end, 'latin1');
+  body.write('\r\n', n - 2, 'latin1');
+  return message;
+}
+
+const sha256 = (bytes: Buffer) => createHash('sha256').update(bytes).digest('hex');
+const queuedAs = (r: TransactionReplies) => /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(r.end?.text ?? '')?.[1];
+
+function helpers(stack: () => MailStack) {
+  const status = async (inbox: ProvisionedInbox) => {
+    const r = await stack().api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.owner });
+    assert.equal(r.status, 200, r.text);
+    return r.json;
+  };
+  const poll = async (inbox: ProvisionedInbox) => {
+    const r = await stack().api.get(`/v1/inboxes/${inbox.inbox_id}/messages?limit=200`, {
+      token: inbox.credentials.owner,
+    });
+    assert.equal(r.status, 200, r.text);
+    return r.json;
+  };
+  /** Waits until poll lists `count` messages and returns that poll response. */
+  const listed = (inbox: ProvisionedInbox, count: number) =>
+    stack().waitFor(`${count} message(s) listed`, async () => {
+      const p = await poll(inbox);
+      return p.messages.length >= count ? p : undefined;
+    });
+  return { status, poll, listed };
+}
+
+describe('quota', () => {
+  let s: MailStack;
+  const { status, poll, listed } = helpers(() => s);
+  before(async () => {
+    s = await startMailStack({ env: { QUOTA_BYTES: String(QUOTA_BYTES), POLL_RATE_BURST: '100000' } });
+  });
+  after(() => s?.close());
+
+  test('a message larger than the free quota is refused with 555 5.7.1 svc.test: mailbox quota exceeded and a quota event; a smaller one still fits', async () => {
+    const inbox = await s.provision();
+    assert.equal((await status(inbox)).quota_bytes, QUOTA_BYTES);
+
+    const first = messageOfSize(inbox.address, 150_000);
+    assert.equal((await s.send({ to: [inbox.address], message: first })).end?.code, 250);
+    const [stored] = (await listed(inbox, 1)).messages;
+    // Free now: 200000 - (150000 + our A-R + Received) ≈ 49.4 KB.
+    const free = QUOTA_BYTES - stored.size_bytes;
+    assert.ok(free > 45_000 && free < 50_000, `free ${free}`);
+
+    const tooBig = messageOfSize(inbox.address, 60_000);
+    const refused = await s.send({ from: 'bulk@allowed.test', to: [inbox.address], message: tooBig });
+    assert.equal(refused.rcpt[0]?.code, 250, 'nothing declared: RCPT passes, the milter decides');
+    assert.equal(refused.end?.text, QUOTA_EXCEEDED);
+
+    const fits = messageOfSize(inbox.address, 40_000);
+    assert.equal((await s.send({ to: [inbox.address], message: fits })).end?.code, 250);
+    const after = await listed(inbox, 2);
+    assert.equal(after.messages.length, 2);
+    assert.deepEqual(
+      after.rejections.map((e: Record<string, unknown>) => ({ ...e, at: typeof e.at })),
+      [
+        {
+          at: 'string',
+          envelope_from: 'bulk@allowed.test',
+          reason: 'quota',
+          sender_domain: 'allowed.test',
+          size_bytes: tooBig.length,
+        },
+      ],
+    );
+    const st = await status(inbox);
+    assert.equal(st.rejection_count, 1);
+    assert.equal(st.message_count, 2);
+    assert.equal(
+      st.quota_used_bytes,
+      after.messages.reduce((sum: number, m: { size_bytes: number }) => sum + m.size_bytes, 0),
+    );
+    assert.ok(st.quota_used_bytes <= QUOTA_BYTES);
+  });
+
+  test('a declared SIZE= larger than the free quota is refused at RCPT with the quota reason and recorded', async () => {
+    const inbox = await s.provision();
+    const message = messageOfSize(inbox.address, 1_000);
+    const r = await s.send({ to: [inbox.address], message, mailParams: `SIZE=${QUOTA_BYTES + 1}` });
+    assert.equal(r.mail?.code, 250);
+    assert.equal(
+      r.rcpt[0]?.text,
+      `555 5.7.1 <${inbox.address}>: Recipient address rejected: ${MAIL_DOMAIN}: mailbox quota exceeded`,
+    );
+    assert.equal(r.end, undefined);
+    const p = await poll(inbox);
+    assert.equal(p.messages.length, 0);
+    assert.deepEqual(
+      p.rejections.map((e: { reason: string; size_bytes: number }) => [e.reason, e.size_bytes]),
+      [['quota', QUOTA_BYTES + 1]],
+    );
+  });
+
+  test('mail in flight counts: a reservation waiting for LMTP shows in quota_used_bytes and message_count and keeps out a message that would not fit beside it', async () => {
+    const inbox = await s.provision();
+    const first = messageOfSize(inbox.address, 120_000);
+    const second = messageOfSize(inbox.address, 90_000); // alone it fits; beside the first it does not
+    await s.stopDaemon('lmtp');
+    let queueId: string | undefined;
+    try {
+      const r = await s.send({ to: [inbox.address], message: first });
+      queueId = queuedAs(r);
+      assert.ok(queueId, r.end?.text);
+
+      // Postfix holds it: the receiver is down.
+      const entry = await s.waitFor('the message deferred in the queue', async () => {
+        const q = await s.postfix.queue();
+        return q.find((e) => e.queueId === queueId && e.recipients[0]?.delayReason);
+      });
+      assert.equal(entry.recipients[0]?.address, inbox.address);
+
+      const inFlight = await status(inbox);
+      assert.equal(inFlight.message_count, 1);
+      assert.ok(
+        inFlight.quota_used_bytes >= first.length + RECEIVED_ALLOWANCE_BYTES &&
+          inFlight.quota_used_bytes < first.length + RECEIVED_ALLOWANCE_BYTES + 2_000,
+        `reserved ${inFlight.quota_used_bytes}`,
+      );
+      assert.equal((await poll(inbox)).messages.length, 0, 'poll lists only stored mail');
+
+      const refused = await s.send({ to: [inbox.address], message: second });
+      assert.equal(refused.end?.text, QUOTA_EXCEEDED);
+      const afterRefusal = await status(inbox);
+      assert.equal(afterRefusal.message_count, 1);
+      assert.equal(afterRefusal.quota_used_bytes, inFlight.quota_used_bytes);
+      assert.equal(afterRefusal.rejection_count, 1);
+
+      await s.startDaemon('lmtp');
+      await s.postfix.flush();
+      const [m] = (await listed(inbox, 1)).messages;
+      const download = await s.api.get(m.url, { token: inbox.credentials.reader });
+      assert.equal(download.status, 200);
+      assert.ok(
+        download.bytes.subarray(-first.length).equals(first),
+        'the download ends with the message sent',
+      );
+
+      // The reservation was exactly: sent + our Authentication-Results field + the Received allowance.
+      const text = download.bytes.toString('latin1');
+      const received = text.indexOf('\r\nReceived: ');
+      assert.ok(text.startsWith('Authentication-Results: ') && received > 0, text.slice(0, 400));
+      const authResultsField = received + 2;
+      assert.equal(inFlight.quota_used_bytes, first.length + authResultsField + RECEIVED_ALLOWANCE_BYTES);
+
+      // Once stored it counts its real size.
+      const storedStatus = await status(inbox);
+      assert.equal(storedStatus.message_count, 1);
+      assert.equal(storedStatus.quota_used_bytes, m.size_bytes);
+      assert.equal(m.size_bytes, download.bytes.length);
+      assert.ok(m.size_bytes < inFlight.quota_used_bytes);
+      await s.waitFor('an empty queue', async () => ((await s.postfix.queueEmpty()) ? true : undefined));
+    } finally {
+      await s.startDaemon('lmtp').catch(() => undefined);
+    }
+  });
+
+  test('ten concurrent deliveries to an inbox with room for five: five accepted, five get the quota reply, the inbox never holds more than its quota', async () => {
+    const inbox = await s.provision();
+    const SIZE = 35_000;
+    // Reserved each: 35000 + A-R (< 1000) + 2048 < 38.1 KB, so five reservations (< 190.5 KB) always
+    // fit; stored each: > 35 KB, so six never fit in 200 KB, reserved or stored.
+    const fitting = Math.floor(QUOTA_BYTES / SIZE);
+    assert.equal(fitting, 5);
+    const messages = Array.from({ length: 10 }, (_, i) => messageOfSize(inbox.address, SIZE, `race ${i}`));
+    const replies = await Promise.all(messages.map((message) => s.send({ to: [inbox.address], message })));
+
+    const ends = replies.map((r) => r.end?.text ?? `(no end of data: ${JSON.stringify(r.rcpt)})`);
+    const accepted = replies.filter((r) => r.end?.code === 250);
+    const refused = ends.filter((t) => t === QUOTA_EXCEEDED);
+    assert.equal(accepted.length + refused.length, 10, ends.join('\n'));
+    assert.equal(accepted.length, fitting, ends.join('\n'));
+
+    const p = await listed(inbox, fitting);
+    await s.waitFor('an empty queue', async () => ((await s.postfix.queueEmpty()) ? true : undefined));
+    const final = await poll(inbox);
+    assert.equal(final.messages.length, fitting);
+    const storedTotal = final.messages.reduce(
+      (sum: number, m: { size_bytes: number }) => sum + m.size_bytes,
+      0,
+    );
+    assert.ok(storedTotal <= QUOTA_BYTES, `stored ${storedTotal}`);
+    assert.equal(final.inbox.quota_used_bytes, storedTotal);
+    assert.equal(final.inbox.message_count, fitting);
+    assert.equal(final.inbox.rejection_count, 10 - fitting);
+    assert.equal(p.rejections.length, 10 - fitting);
+    assert.ok(
+      p.rejections.every(
+        (e: { reason: string; size_bytes: number }) => e.reason === 'quota' && e.size_bytes === SIZE,
+      ),
+    );
+  });
+});
+
+describe('size', () => {
+  let s: MailStack;
+  const { status, poll, listed } = helpers(() => s);
+  before(async () => {
+    s = await startMailStack({ env: { POLL_RATE_BURST: '100000' } });
+  });
+  after(() => s?.close());
+
+  test('a message of exactly 25 MiB as sent is accepted and downloads ending with the exact bytes; one byte more is 552 5.3.4 at end of data and nothing is kept', async () => {
+    const inbox = await s.provision();
+    const over = messageOfSize(inbox.address, MAX_MESSAGE_BYTES + 1, 'twenty-five MiB');
+    // The same message with the last body line one character shorter.
+    const exact = Buffer.concat([over.subarray(0, over.length - 3), over.subarray(over.length - 2)]);
+    assert.equal(exact.length, MAX_MESSAGE_BYTES);
+    assert.equal(over.length, MAX_MESSAGE_BYTES + 1);
+
+    const refused = await s.send({ to: [inbox.address], message: over });
+    assert.equal(refused.rcpt[0]?.code, 250);
+    assert.equal(refused.data?.code, 354);
+    assert.equal(refused.end?.text, TOO_BIG);
+    const afterRefusal = await status(inbox);
+    assert.equal(afterRefusal.message_count, 0);
+    assert.equal(afterRefusal.quota_used_bytes, 0);
+    assert.equal(afterRefusal.rejection_count, 0, 'a size refusal is not recorded');
+
+    const accepted = await s.send({ to: [inbox.address], message: exact });
+    assert.match(accepted.end?.text ?? '', /^250 2\.0\.0 Ok: queued as \w+$/);
+    const [m] = (await listed(inbox, 1)).messages;
+    const download = await s.api.get(m.url, { token: inbox.credentials.reader });
+    assert.equal(download.status, 200);
+    assert.equal(m.size_bytes, download.bytes.length);
+    assert.equal(sha256(download.bytes.subarray(download.bytes.length - exact.length)), sha256(exact));
+
+    await s.waitFor('an empty queue', async () => ((await s.postfix.queueEmpty()) ? true : undefined));
+    const p = await poll(inbox);
+    assert.equal(p.messages.length, 1);
+    assert.equal(p.rejections.length, 0);
+    assert.equal(p.inbox.quota_used_bytes, m.size_bytes);
+  });
+});
