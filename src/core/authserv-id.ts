@@ -21,6 +21,7 @@ export function authservIdOf(value: string): string | null {
       if (token) break;
       continue;
     }
+    if (ch === '"' && !token) return quoted(value.slice(value.indexOf('"') + 1));
     if (ch === ';' || /\s/.test(ch)) {
       if (token) break;
       if (ch === ';') return null;
@@ -29,4 +30,16 @@ export function authservIdOf(value: string): string | null {
     token += ch;
   }
   return token ? token.toLowerCase() : null;
+}
+
+/** The rest of an RFC 5322 quoted-string (after its opening quote), unescaped and lowercased. */
+function quoted(rest: string): string | null {
+  let out = '';
+  for (let i = 0; i < rest.length; i++) {
+    const ch = rest[i] as string;
+    if (ch === '\\') out += rest[++i] ?? '';
+    else if (ch === '"') return out.trim() ? out.trim().toLowerCase() : null;
+    else out += ch;
+  }
+  return null;
 }

@@ -34,7 +34,7 @@ export class MilterCheck implements MilterHandler {
 
   beginMessage(envelope: MilterEnvelope, headers: MilterHeader[]): MessageConsumer {
     const headerBlock = Buffer.concat([
-      ...headers.map((h) => Buffer.from(`${h.name}:${h.value.replace(/\r?\n/g, '\r\n')}\r\n`)),
+      ...headers.map((h) => Buffer.from(`${h.name}:${h.value.replace(/\r?\n/g, '\r\n')}\r\n`, 'latin1')),
       Buffer.from('\r\n'),
     ]);
     let sizeBytes = headerBlock.length;

@@ -153,10 +153,10 @@ class Reader {
     if (this.remaining < 1) throw new MilterProtocolError(`${what}: packet too short`);
     return String.fromCharCode(this.#data[this.#offset++] as number);
   }
-  string(what: string): string {
+  string(what: string, encoding: 'utf8' | 'latin1' = 'utf8'): string {
     const end = this.#data.indexOf(0, this.#offset);
     if (end < 0) throw new MilterProtocolError(`${what}: string not NUL-terminated`);
-    const value = this.#data.toString('utf8', this.#offset, end);
+    const value = this.#data.toString(encoding, this.#offset, end);
     this.#offset = end + 1;
     return value;
   }
@@ -201,7 +201,12 @@ export function decodeCommand(packet: Packet): MilterCommand {
     case SMFIC.DATA:
       return { kind: 'data' };
     case SMFIC.HEADER:
-      return { kind: 'header', name: r.string('HEADER name'), value: r.string('HEADER value') };
+      // One character per byte: a header is rebuilt byte for byte whatever its charset (DKIM signs bytes).
+      return {
+        kind: 'header',
+        name: r.string('HEADER name', 'latin1'),
+        value: r.string('HEADER value', 'latin1'),
+      };
     case SMFIC.EOH:
       return { kind: 'eoh' };
     case SMFIC.BODY:

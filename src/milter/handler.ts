@@ -35,8 +35,8 @@ export interface MilterEnvelope {
  * One header field as received, in message order, without the Received: header Postfix adds itself.
  * `value` is everything after the colon exactly as received (SMFIP_HDR_LEADSPC: the leading space is
  * kept), folded lines separated by '\n'; so `name + ':' + value` with '\n' turned into '\r\n' rebuilds the
- * header byte for byte. Both are decoded as UTF-8; bytes that are not valid UTF-8 become U+FFFD, so
- * only valid UTF-8 round-trips exactly. Whitespace between a name and its colon is lost (Postfix
+ * header byte for byte. Both are decoded as latin1, one character per byte, so any bytes (UTF-8,
+ * raw 8-bit) round-trip exactly with Buffer.from(text, 'latin1'): DKIM signs bytes. Whitespace between a name and its colon is lost (Postfix
  * strips it before the milter sees the header).
  */
 export interface MilterHeader {
