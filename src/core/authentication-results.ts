@@ -158,7 +158,8 @@ export function parseAuthenticationResults(value: string): AuthenticationResults
     if (!info) return null;
     results.push(info);
   }
-  return { authservId: id.text.toLowerCase(), results };
+  // A quoted authserv-id is compared without surrounding spaces, as the milter's authservIdOf does.
+  return { authservId: id.text.trim().toLowerCase(), results };
 }
 
 /** The domain of `local@domain`, or the value itself when it is a bare domain; lowercase; null if empty. */

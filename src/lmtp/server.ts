@@ -100,7 +100,11 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
           (replies) => callback(null, replies),
           (error: unknown) => {
             log({ level: 'error', msg: 'lmtp data handling failed', error: String(error) });
-            callback(toReply(undefined) as Error);
+            const count = (accepted.get(session.envelope) ?? session.envelope.rcptTo).length;
+            callback(
+              null,
+              Array.from({ length: count }, () => toReply(undefined)),
+            );
           },
         )
         .finally(() => deliveries.delete(delivery));

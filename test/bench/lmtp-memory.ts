@@ -6,6 +6,8 @@
  * throughput. Every stored copy is then checked against the SHA-256 of what was sent.
  *
  * BENCH_MESSAGES (10) and BENCH_MESSAGE_BYTES (26214400) change the load; BENCH_ADMIN_URL the server.
+ * BENCH_GC=1 runs the receiver with --expose-gc and collects before every sample: the figures are then
+ * live memory, without the garbage V8 lets pile up between collections.
  */
 import { type ChildProcess, fork } from 'node:child_process';
 import { createHash } from 'node:crypto';

@@ -83,6 +83,11 @@ const CASES: [string, string, Authentication | null][] = [
     `${ID}; dkim=pass header.d=a.test header.b=ab+/c=; dmarc=pass header.from=a.test`,
     auth(['pass', 'a.test'], ['pass', 'a.test'], NONE),
   ],
+  [
+    'a quoted authserv-id',
+    `" MX.svc.test " ; dmarc=pass header.from=a.test`,
+    auth(['pass', 'a.test'], NONE, NONE),
+  ],
   ['another authserv-id: null', `mx.forged.test; dmarc=pass header.from=allowed.test`, null],
   ['an authserv-id that only starts like ours: null', `mx.svc.test.evil; dmarc=pass`, null],
   ['unterminated comment: null', `${ID}; dkim=pass (oops header.d=a.test`, null],
