@@ -81,6 +81,7 @@ async function main(): Promise<void> {
   const baseDir = await mkdtemp(join(tmpdir(), 'mail-bench-'));
   await chmod(baseDir, 0o755); // the postfix user must reach the queue below it
   const results: string[] = [];
+  const instances: PostfixInstance[] = [];
   try {
     for (const entry of ['policy', 'milter', 'lmtp']) {
       children.push(
@@ -88,7 +89,8 @@ async function main(): Promise<void> {
       );
     }
     await sleep(1500);
-    const sink = spawn('smtp-sink', ['-L', '-c', `127.0.0.1:${sinkPort}`, '256'], { stdio: 'ignore' });
+    const asUser = process.getuid?.() === 0 ? ['-u', 'postfix'] : [];
+    const sink = spawn('smtp-sink', [...asUser, '-L', `127.0.0.1:${sinkPort}`, '256'], { stdio: 'ignore' });
     children.push(sink);
 
     const instance = (name: string, overrides: Record<string, string>) =>
@@ -97,13 +99,16 @@ async function main(): Promise<void> {
         render: (dirs) => renderPostfix(config, dirs, overrides),
         smtp: { host: '127.0.0.1', port: smtpPort as number },
       });
-    const yardstick = instance('sink', {
-      virtual_transport: `lmtp:inet:127.0.0.1:${sinkPort}`,
-      smtpd_client_restrictions: '',
-      smtpd_recipient_restrictions: 'reject_unauth_destination',
-      smtpd_milters: '',
-    });
-    const ours = instance('ours', {});
+    instances.push(
+      instance('sink', {
+        virtual_transport: `lmtp:inet:127.0.0.1:${sinkPort}`,
+        smtpd_client_restrictions: '',
+        smtpd_recipient_restrictions: 'reject_unauth_destination',
+        smtpd_milters: '',
+      }),
+      instance('ours', {}),
+    );
+    const [yardstick, ours] = instances as [PostfixInstance, PostfixInstance];
 
     for (const c of CASES) {
       const sinkRate = await measure(
@@ -135,6 +140,7 @@ async function main(): Promise<void> {
       );
     }
   } finally {
+    for (const postfix of instances) await postfix.stop().catch(() => undefined);
     for (const child of children) child.kill('SIGTERM');
     await db.close();
     await dns.stop();
