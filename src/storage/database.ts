@@ -41,6 +41,18 @@ const types = {
 
 export type Queryable = pg.Pool | pg.PoolClient;
 
+const UNUSABLE = Symbol('unusable connection');
+
+/** Errors after which a connection cannot be trusted: it ended, or the server is going away (57P0x). */
+function isConnectionError(error: Error): boolean {
+  const code = (error as { code?: string }).code ?? '';
+  return (
+    code.startsWith('57P') ||
+    code.startsWith('08') ||
+    /Connection terminated|ECONNRESET|EPIPE/.test(error.message)
+  );
+}
+
 export class Database {
   readonly pool: pg.Pool;
 
@@ -68,17 +80,44 @@ export class Database {
 
   /** Runs fn in a transaction on one client; rolls back on any error and rethrows it. */
   async transaction<T>(fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
-    const client = await this.pool.connect();
-    try {
+    return this.withClient(async (client) => {
       await client.query('BEGIN');
-      const result = await fn(client);
-      await client.query('COMMIT');
-      return result;
+      try {
+        const result = await fn(client);
+        await client.query('COMMIT');
+        return result;
+      } catch (error) {
+        // A client that cannot roll back is in an unknown state: withClient destroys it.
+        await client.query('ROLLBACK').catch((rollback: Error) => {
+          throw Object.assign(error instanceof Error ? error : new Error(String(error)), {
+            [UNUSABLE]: rollback,
+          });
+        });
+        throw error;
+      }
+    });
+  }
+
+  /**
+   * Runs fn on one checked-out client. While checked out, a client whose connection the server ends
+   * (a restart, pg_terminate_backend) emits 'error' with no pool listener attached: unhandled, that
+   * would end the process. It is caught here, and such a client is destroyed, not reused.
+   */
+  async withClient<T>(fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+    const client = await this.pool.connect();
+    let broken: Error | undefined;
+    const onError = (error: Error) => {
+      broken = error;
+    };
+    client.on('error', onError);
+    try {
+      return await fn(client);
     } catch (error) {
-      await client.query('ROLLBACK').catch(() => {});
+      if (error instanceof Error && (UNUSABLE in error || isConnectionError(error))) broken ??= error;
       throw error;
     } finally {
-      client.release();
+      client.off('error', onError);
+      client.release(broken);
     }
   }
 

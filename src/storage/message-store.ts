@@ -259,14 +259,11 @@ export class PgMessageStore implements MessageStore {
     const sql = `COPY (SELECT data FROM message_chunks WHERE inbox_id = '${message.inboxId}'
       AND message_id = '${message.messageId}' AND seq BETWEEN ${Math.trunc(first)} AND ${Math.trunc(last)}
       ORDER BY seq) TO STDOUT (FORMAT binary)`;
-    const client = await this.#db.pool.connect();
-    try {
+    return this.#db.withClient(async (client) => {
       const pieces: Buffer[] = [];
       for await (const piece of client.query(copyTo(sql))) pieces.push(piece as Buffer);
       return parseBinaryCopy(Buffer.concat(pieces));
-    } finally {
-      client.release();
-    }
+    });
   }
 
   async recordRejection(

@@ -1,0 +1,39 @@
+/**
+ * A connection the server ends while a transaction holds it (a Postgres restart, pg_terminate_backend)
+ * fails that transaction only: the process keeps running and the pool serves the next one.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import pg from 'pg';
+import { Database } from '../src/storage/database.ts';
+import { ADMIN_URL, freshDatabase, type TestDatabase } from './support/database.ts';
+
+let database: TestDatabase;
+let db: Database;
+before(async () => {
+  database = await freshDatabase();
+  db = new Database(database.url, 2);
+});
+after(async () => {
+  await db.close();
+  await database.drop();
+});
+
+test('a transaction whose connection is terminated rejects, and the pool goes on working', async () => {
+  const admin = new pg.Client({ connectionString: ADMIN_URL });
+  await admin.connect();
+  try {
+    const failed = db.transaction(async (client) => {
+      const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
+      await admin.query('SELECT pg_terminate_backend($1)', [rows[0]?.pid]);
+      await new Promise((resolve) => setTimeout(resolve, 200)); // the 'error' event arrives meanwhile
+      await client.query('SELECT 1');
+    });
+    await assert.rejects(failed);
+    const [row] = await db.rows<{ one: number }>('one', 'SELECT 1 AS one', []);
+    assert.equal(row?.one, 1);
+    assert.equal(await db.transaction(async (client) => (await client.query('SELECT 2 AS n')).rows[0]?.n), 2);
+  } finally {
+    await admin.end();
+  }
+});
