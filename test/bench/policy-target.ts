@@ -1,14 +1,18 @@
 /**
- * policy-target - the "ours" target of policy-bench.ts: starts a policy daemon and says where it listens.
- *
- * PLACEHOLDER BODY. For now it runs startPolicyServer in the bench's own process with a handler that
- * answers accept after one `await`, which measures the protocol adapter alone. To measure the real
- * policy daemon, replace the body of startTarget() (e.g. migrate a database, provision inboxes, start
- * the daemon with Postgres, in-process or as a child) and keep the BenchTarget shape; return the
- * provisioned addresses in `recipients` so the load hits real inboxes. The load generator runs in its
- * own process either way.
+ * policy-target - the "ours" target of policy-bench.ts: the real policy daemon (`node src/main.ts
+ * policy`, its own process) over a scratch Postgres database holding 1,000 provisioned inboxes, which
+ * the load's RCPT requests name in turn (each one: inbox lookup with its usage, opt-out lookup).
  */
-import { startPolicyServer } from '../../src/policy/server.ts';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { connect } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+import pg from 'pg';
+import { type Config, loadConfig } from '../../src/config/config.ts';
+import { buildContainer, TOKENS } from '../../src/container.ts';
+import type { InboxService } from '../../src/core/inbox-service.ts';
+import type { Database } from '../../src/storage/database.ts';
+import { migrate } from '../../src/storage/migrate.ts';
+import { freePort } from '../support/sender-postfix.ts';
 
 export interface BenchTarget {
   /** The label in the bench's table. */
@@ -20,24 +24,56 @@ export interface BenchTarget {
   stop(): Promise<void>;
 }
 
+const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+const DB_NAME = 'inbox_policy_bench';
+const INBOXES = 1000;
+
 export async function startTarget(): Promise<BenchTarget> {
-  const server = await startPolicyServer({
-    listen: { host: '127.0.0.1', port: 0 },
-    log: () => {},
-    handler: {
-      connect: () => ({
-        async decide() {
-          await Promise.resolve(); // placeholder for the core's admission decision
-          return { kind: 'accept' };
-        },
-        close() {},
-      }),
-    },
+  const url = new URL(ADMIN_URL);
+  url.pathname = `/${DB_NAME}`;
+  const admin = new pg.Client({ connectionString: ADMIN_URL });
+  await admin.connect();
+  await admin.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`);
+  await admin.query(`CREATE DATABASE ${DB_NAME}`);
+  await admin.end();
+  await migrate(url.toString());
+  const port = await freePort();
+  const env = {
+    ENVIRONMENT: 'dev',
+    DATABASE_URL: url.toString(),
+    SECRET_KEY: 'policy-bench-secret-key-0123456789abcdef',
+    MAIL_DOMAIN: 'svc.test',
+    POLICY_PORT: String(port),
+  };
+  const container = buildContainer(loadConfig(env) as Config & { secretKey: string }, { log: () => {} });
+  const inboxes = container.resolve<InboxService>(TOKENS.InboxService);
+  const recipients: string[] = [];
+  for (let i = 0; i < INBOXES; i++) recipients.push((await inboxes.provision([])).body.address);
+  await container.resolve<Database>(TOKENS.Database).close();
+
+  const child: ChildProcess = spawn(process.execPath, ['src/main.ts', 'policy'], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'ignore', 'inherit'],
   });
+  for (let i = 0; ; i++) {
+    const up = await new Promise<boolean>((resolve) => {
+      const socket = connect(port, '127.0.0.1', () => {
+        socket.destroy();
+        resolve(true);
+      }).on('error', () => resolve(false));
+    });
+    if (up) break;
+    if (i > 100) throw new Error('the policy daemon did not start');
+    await sleep(100);
+  }
   return {
-    name: 'ours (placeholder: accept)',
+    name: 'ours (policy daemon, Postgres)',
     host: '127.0.0.1',
-    port: server.port as number,
-    stop: server.close,
+    port,
+    recipients,
+    stop: async () => {
+      child.kill('SIGTERM');
+      await new Promise((resolve) => child.once('exit', resolve));
+    },
   };
 }
