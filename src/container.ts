@@ -19,7 +19,7 @@ import { Secrets } from './core/secrets.ts';
 import { smtpReplies } from './core/smtp-replies.ts';
 import type { HttpServices } from './http/services.ts';
 import { createLog, type Log } from './log.ts';
-import { createResolver, ResolverReverseDns } from './mail/dns.ts';
+import { CachingLookup, createResolver, ResolverReverseDns } from './mail/dns.ts';
 import { MailauthAuthenticator } from './mail/mailauth-authenticator.ts';
 import { MilterCheck } from './mail/milter-check.ts';
 import { Database } from './storage/database.ts';
@@ -119,7 +119,10 @@ export function buildContainer(
   }));
   single(TOKENS.Resolver, () => createResolver(config.dnsServers));
   single(TOKENS.ReverseDns, () => new ResolverReverseDns(get(TOKENS.Resolver)));
-  single(TOKENS.Authenticator, () => new MailauthAuthenticator(config.authservId, get(TOKENS.Resolver)));
+  single(
+    TOKENS.Authenticator,
+    () => new MailauthAuthenticator(config.authservId, new CachingLookup(get(TOKENS.Resolver))),
+  );
   single(TOKENS.SmtpReplies, () => smtpReplies(config));
   single(
     TOKENS.RecipientAdmission,

@@ -51,3 +51,36 @@ export class ResolverReverseDns implements ReverseDns {
     }
   }
 }
+
+/**
+ * A cache in front of `resolve(name, rrtype)` for mailauth's SPF, DKIM and DMARC lookups, as a local
+ * caching resolver would give an MTA: answers and "not found" are kept for `ttlMs` (records' own TTLs
+ * are not exposed by node:dns), errors such as timeouts are not kept. Bounded to `maxEntries`.
+ */
+export class CachingLookup {
+  readonly #resolver: dns.Resolver;
+  readonly #ttlMs: number;
+  readonly #maxEntries: number;
+  readonly #entries = new Map<string, { until: number; answer: Promise<unknown> }>();
+
+  constructor(resolver: dns.Resolver, ttlMs = 60_000, maxEntries = 10_000) {
+    this.#resolver = resolver;
+    this.#ttlMs = ttlMs;
+    this.#maxEntries = maxEntries;
+  }
+
+  resolve(name: string, rrtype: string): Promise<unknown> {
+    const key = `${rrtype} ${name.toLowerCase()}`;
+    const now = Date.now();
+    const hit = this.#entries.get(key);
+    if (hit && hit.until > now) return hit.answer;
+    const answer = this.#resolver.resolve(name, rrtype);
+    if (this.#entries.size >= this.#maxEntries)
+      this.#entries.delete(this.#entries.keys().next().value as string);
+    this.#entries.set(key, { until: now + this.#ttlMs, answer });
+    answer.catch((error: NodeJS.ErrnoException) => {
+      if (error.code !== 'ENOTFOUND' && error.code !== 'ENODATA') this.#entries.delete(key);
+    });
+    return answer;
+  }
+}

@@ -5,16 +5,16 @@
  * reported; BIMI is off (it would fetch logos over HTTPS). A DNS failure becomes a `temperror` result
  * inside mailauth, never an exception; anything mailauth throws is the caller's temporary failure.
  */
-import type { promises as dns } from 'node:dns';
 import { Readable } from 'node:stream';
 import { authenticate } from 'mailauth';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
+import type { CachingLookup } from './dns.ts';
 
 export class MailauthAuthenticator implements Authenticator {
   readonly #authservId: string;
-  readonly #resolver: dns.Resolver;
+  readonly #resolver: CachingLookup;
 
-  constructor(authservId: string, resolver: dns.Resolver) {
+  constructor(authservId: string, resolver: CachingLookup) {
     this.#authservId = authservId;
     this.#resolver = resolver;
   }

@@ -109,8 +109,20 @@ export class MilterConnection {
     this.#socket.resume();
   }
 
+  #corked = false;
+
   #write(reply: Buffer): void {
-    if (!this.#socket.destroyed && this.#socket.writable) this.#socket.write(reply);
+    if (this.#socket.destroyed || !this.#socket.writable) return;
+    // Replies sent in one tick (header edits, then continue) leave in one write.
+    if (!this.#corked) {
+      this.#corked = true;
+      this.#socket.cork();
+      process.nextTick(() => {
+        this.#corked = false;
+        this.#socket.uncork();
+      });
+    }
+    this.#socket.write(reply);
   }
 
   #fail(error: unknown): void {

@@ -94,18 +94,22 @@ export class PgMessageStore implements MessageStore {
     d: Delivery,
     body: AsyncIterable<Buffer>,
   ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
-    return this.#db.transaction(async (client) => {
-      await client.query(
+    const db = this.#db;
+    return db.transaction(async (client) => {
+      await db.rows(
+        'delivery-insert',
         `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
          VALUES ($1, $2, $3, 'in_flight', 0, $4, $5) ON CONFLICT (inbox_id, queue_id) DO NOTHING`,
         [d.inboxId, newMessageId(), d.queueId, d.envelopeFrom, d.now],
+        client,
       );
       // Locks this delivery's row: a concurrent redelivery of the same queue id waits, then sees 'stored'.
-      const locked = await client.query<{ message_id: string; state: string }>(
+      const [row] = await db.rows<{ message_id: string; state: string }>(
+        'delivery-lock',
         'SELECT message_id, state FROM messages WHERE inbox_id = $1 AND queue_id = $2 FOR UPDATE',
         [d.inboxId, d.queueId],
+        client,
       );
-      const row = locked.rows[0];
       if (!row) throw new Error('delivery row missing after insert');
       if (row.state !== 'in_flight') {
         for await (const _ of body) {
@@ -114,14 +118,15 @@ export class PgMessageStore implements MessageStore {
         return { kind: 'duplicate' as const, messageId: row.message_id };
       }
       const { size, sha256 } = await writeChunks(client, d.inboxId, row.message_id, body);
-      const seq = await client.query<{ event_seq: number }>(
-        'UPDATE inboxes SET event_seq = event_seq + 1, version = version + 1 WHERE inbox_id = $1 RETURNING event_seq',
-        [d.inboxId],
-      );
-      await client.query(
-        `UPDATE messages SET state = 'stored', size_bytes = $3, chunk_bytes = $4, sha256 = $5, from_name = $6,
+      // The next event position and the message's visibility, in one statement (DESIGN decision 8).
+      await db.rows(
+        'delivery-stored',
+        `WITH seq AS (
+           UPDATE inboxes SET event_seq = event_seq + 1, version = version + 1 WHERE inbox_id = $1
+           RETURNING event_seq)
+         UPDATE messages SET state = 'stored', size_bytes = $3, chunk_bytes = $4, sha256 = $5, from_name = $6,
            from_address = $7, subject = $8, internet_message_id = $9, authentication = $10, received_at = $11,
-           position = $12
+           position = (SELECT event_seq FROM seq)
          WHERE inbox_id = $1 AND message_id = $2`,
         [
           d.inboxId,
@@ -135,8 +140,8 @@ export class PgMessageStore implements MessageStore {
           d.summary.internetMessageId,
           d.summary.authentication ? JSON.stringify(d.summary.authentication) : null,
           d.now,
-          seq.rows[0]?.event_seq,
         ],
+        client,
       );
       return { kind: 'stored' as const, messageId: row.message_id };
     });
@@ -329,36 +334,38 @@ async function reserveLocked(
 ): Promise<('reserved' | 'exists' | 'over_quota')[]> {
   const outcomes: ('reserved' | 'exists' | 'over_quota')[] = [];
   for (const r of reservations) {
-    const inbox = await client.query<{ quota_bytes: number }>(
-      'SELECT quota_bytes FROM inboxes WHERE inbox_id = $1 FOR UPDATE',
-      [r.inboxId],
-    );
-    const quota = inbox.rows[0]?.quota_bytes;
+    const locked = await client.query<{ quota_bytes: number }>({
+      name: 'reserve-lock',
+      text: 'SELECT quota_bytes FROM inboxes WHERE inbox_id = $1 FOR UPDATE',
+      values: [r.inboxId],
+    });
+    const quota = locked.rows[0]?.quota_bytes;
     if (quota === undefined) throw new Error(`no inbox ${r.inboxId}`);
-    const existing = await client.query('SELECT 1 FROM messages WHERE inbox_id = $1 AND queue_id = $2', [
-      r.inboxId,
-      r.queueId,
-    ]);
-    if (existing.rowCount) {
+    // Read after the lock is held, in a new snapshot: it sees every reservation committed before ours.
+    const state = await client.query<{ present: boolean; used: number }>({
+      name: 'reserve-state',
+      text: `SELECT EXISTS (SELECT 1 FROM messages WHERE inbox_id = $1 AND queue_id = $2) AS present,
+               (SELECT coalesce(sum(size_bytes), 0)::int8 FROM messages
+                WHERE ${USAGE_WHERE('$1', '$3::timestamptz')}) AS used`,
+      values: [r.inboxId, r.queueId, r.now.toISOString()],
+    });
+    const { present = false, used = 0 } = state.rows[0] ?? {};
+    if (present) {
       outcomes.push('exists');
       continue;
     }
-    const used = await client.query<{ used: number }>(
-      `SELECT coalesce(sum(size_bytes), 0)::int8 AS used FROM messages
-       WHERE ${USAGE_WHERE('$1', '$2::timestamptz')}`,
-      [r.inboxId, r.now],
-    );
-    if ((used.rows[0]?.used ?? 0) + r.sizeBytes > quota) {
+    if (used + r.sizeBytes > quota) {
       outcomes.push('over_quota');
       continue;
     }
     // Usage changes: the inbox's version moves (core/usage-cache.ts).
-    await client.query('UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1', [r.inboxId]);
-    await client.query(
-      `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
-       VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)`,
-      [r.inboxId, r.messageId, r.queueId, r.sizeBytes, r.envelopeFrom, r.now],
-    );
+    await client.query({
+      name: 'reserve-insert',
+      text: `WITH bumped AS (UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1)
+             INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
+             VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)`,
+      values: [r.inboxId, r.messageId, r.queueId, r.sizeBytes, r.envelopeFrom, r.now.toISOString()],
+    });
     outcomes.push('reserved');
   }
   return outcomes;
@@ -395,11 +402,16 @@ async function writeChunks(
   body: AsyncIterable<Buffer>,
 ): Promise<{ size: number; sha256: Buffer }> {
   const hash = createHash('sha256');
-  let chunk = Buffer.allocUnsafe(CHUNK_BYTES);
+  // Pieces wait here until a chunk is full; Buffer.concat then copies each byte once into a buffer of
+  // exactly the chunk's size (a small message allocates only its own size).
+  let pending: Buffer[] = [];
   let filled = 0;
   let seq = 0;
   let size = 0;
-  const flush = async (bytes: Buffer): Promise<void> => {
+  const flush = async (): Promise<void> => {
+    const bytes = Buffer.concat(pending, filled);
+    pending = [];
+    filled = 0;
     await client.query({
       name: 'chunk-insert',
       text: 'INSERT INTO message_chunks (inbox_id, message_id, seq, data) VALUES ($1, $2, $3, $4)',
@@ -409,18 +421,14 @@ async function writeChunks(
   for await (const piece of body) {
     hash.update(piece);
     size += piece.length;
-    // Each byte is copied once into the chunk being filled, whatever the sizes of the pieces.
     for (let offset = 0; offset < piece.length; ) {
-      const copied = piece.copy(chunk, filled, offset, Math.min(piece.length, offset + CHUNK_BYTES - filled));
-      offset += copied;
-      filled += copied;
-      if (filled === CHUNK_BYTES) {
-        await flush(chunk);
-        chunk = Buffer.allocUnsafe(CHUNK_BYTES);
-        filled = 0;
-      }
+      const take = Math.min(piece.length - offset, CHUNK_BYTES - filled);
+      pending.push(offset === 0 && take === piece.length ? piece : piece.subarray(offset, offset + take));
+      offset += take;
+      filled += take;
+      if (filled === CHUNK_BYTES) await flush();
     }
   }
-  if (filled > 0) await flush(chunk.subarray(0, filled));
+  if (filled > 0) await flush();
   return { size, sha256: hash.digest() };
 }
