@@ -19,7 +19,7 @@
  * Security:    anyone who can connect can store mail into any inbox: listen on loopback or on a unix
  *              socket that only Postfix can reach.
  */
-import { lstat, unlink } from 'node:fs/promises';
+import { chmod, lstat, unlink } from 'node:fs/promises';
 import net from 'node:net';
 import {
   SMTPServer,
@@ -157,6 +157,9 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     else server.listen(listen.port, listen.host, ready);
   });
 
+  // Postfix connects as its own user: the socket is open to all, the directory holding it is the
+  // access control (keep it reachable only by Postfix and this service).
+  if ('path' in listen) await chmod(listen.path, 0o666);
   const bound = server.server.address();
   const port = typeof bound === 'object' && bound ? bound.port : undefined;
   const address =

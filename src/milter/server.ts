@@ -10,7 +10,7 @@
  * Security:     speak only to Postfix: listen on loopback or a unix socket the Postfix user can reach.
  *               Packets are bounded (codec.ts); no message content is logged.
  */
-import { lstat, unlink } from 'node:fs/promises';
+import { chmod, lstat, unlink } from 'node:fs/promises';
 import net from 'node:net';
 import type { Listen } from '../config/config.ts';
 import type { Log } from '../log.ts';
@@ -61,6 +61,9 @@ export async function startMilterServer(options: MilterServerOptions): Promise<M
       resolve();
     });
   });
+  // Postfix connects as its own user: the socket is open to all, the directory holding it is the
+  // access control (keep it reachable only by Postfix and this service).
+  if ('path' in options.listen) await chmod(options.listen.path, 0o666);
   server.on('error', (error) => log({ level: 'error', msg: 'milter server error', error: error.message }));
 
   const bound = server.address();

@@ -12,7 +12,7 @@
  * Security:    anyone who can connect can ask for decisions (and so learn which inboxes exist): listen on
  *              loopback or a unix socket reachable by Postfix only.
  */
-import { lstat, unlink } from 'node:fs/promises';
+import { chmod, lstat, unlink } from 'node:fs/promises';
 import net from 'node:net';
 import { describeListen, type Listen } from '../config/config.ts';
 import type { Log } from '../log.ts';
@@ -56,6 +56,9 @@ export async function startPolicyServer(options: {
     else server.listen(listen.port, listen.host, ready);
   });
 
+  // Postfix connects as its own user: the socket is open to all, the directory holding it is the
+  // access control (keep it reachable only by Postfix and this service).
+  if ('path' in listen) await chmod(listen.path, 0o666);
   const bound = server.address();
   const port = typeof bound === 'object' && bound ? bound.port : undefined;
   const address =

@@ -72,9 +72,9 @@ export async function startMailStack(options: MailStackOptions = {}): Promise<Ma
     const server = await start(harness.container, logOf(name));
     running.set(name, server);
     // Restarts reuse the port the first start picked: Postfix's configuration names it.
-    const port = Number(server.address.split(':').pop());
-    const key = `${name}Listen` as const;
-    config[key] = { host: '127.0.0.1', port };
+    if (server.address.startsWith('inet:')) {
+      config[`${name}Listen`] = { host: '127.0.0.1', port: Number(server.address.split(':').pop()) };
+    }
   };
   for (const name of ['policy', 'milter', 'lmtp'] as const) await startDaemon(name);
 
