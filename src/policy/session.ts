@@ -54,7 +54,8 @@ export class PolicySession {
     this.#stopping = true;
     this.#queue.length = 0;
     this.#socket.pause();
-    if (!this.#busy) this.#socket.end();
+    // destroySoon: flush what was written, then close both ways (end() alone waits for Postfix to hang up).
+    if (!this.#busy) this.#socket.destroySoon();
   }
 
   destroy(): void {
@@ -98,7 +99,7 @@ export class PolicySession {
         this.#busy = false;
         if (this.#socket.destroyed) return;
         this.#socket.write(reply);
-        if (this.#stopping) this.#socket.end();
+        if (this.#stopping) this.#socket.destroySoon();
         else this.#next();
       },
       (error: unknown) => {
