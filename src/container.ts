@@ -18,6 +18,7 @@ import { RecipientAdmission } from './core/recipient-admission.ts';
 import { Secrets } from './core/secrets.ts';
 import { smtpReplies } from './core/smtp-replies.ts';
 import type { HttpServices } from './http/services.ts';
+import { createJobs } from './jobs/jobs.ts';
 import { createLog, type Log } from './log.ts';
 import { CachingLookup, createResolver, ResolverReverseDns } from './mail/dns.ts';
 import { MailauthAuthenticator } from './mail/mailauth-authenticator.ts';
@@ -27,6 +28,7 @@ import { PgGatekeeper } from './storage/gatekeeper.ts';
 import { PgInboxStore } from './storage/inbox-store.ts';
 import { PgMessageStore } from './storage/message-store.ts';
 import { PgOptOutStore } from './storage/opt-out-store.ts';
+import { PgSweeperStore } from './storage/sweeper-store.ts';
 
 export const TOKENS = {
   Config: Symbol('Config'),
@@ -52,6 +54,8 @@ export const TOKENS = {
   MessageAdmission: Symbol('MessageAdmission'),
   MilterCheck: Symbol('MilterCheck'),
   DeliveryService: Symbol('DeliveryService'),
+  SweeperStore: Symbol('SweeperStore'),
+  Jobs: Symbol('Jobs'),
 } as const;
 
 export interface ContainerOptions {
@@ -157,5 +161,7 @@ export function buildContainer(
     TOKENS.DeliveryService,
     () => new DeliveryService(get(TOKENS.MessageStore), get(TOKENS.Clock), config, get(TOKENS.Log)),
   );
+  single(TOKENS.SweeperStore, () => new PgSweeperStore(get(TOKENS.Database)));
+  single(TOKENS.Jobs, () => createJobs(get(TOKENS.SweeperStore), get(TOKENS.Clock), config, get(TOKENS.Log)));
   return c;
 }

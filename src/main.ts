@@ -1,15 +1,17 @@
 /**
- * main - the one binary: `node src/main.ts api | policy | milter | lmtp | migrate | all`.
+ * main - the one binary: `node src/main.ts api | policy | milter | lmtp | jobs | migrate | all`.
  *
- * `all` migrates, runs every daemon in one process and starts a private Postfix instance under
- * RUN_DIR/postfix listening on SMTP_HOST:SMTP_PORT (the small install `make run` uses); Postfix's log
- * is followed onto stdout. Configuration comes from the environment only; a bad value stops the process
- * naming the variable. SIGTERM or SIGINT stops Postfix first, then the daemons, then closes the pool.
+ * `all` migrates, runs every daemon and the lifecycle jobs in one process and starts a private Postfix
+ * instance under RUN_DIR/postfix listening on SMTP_HOST:SMTP_PORT (the small install `make run` uses);
+ * Postfix's log is followed onto stdout. Configuration comes from the environment only; a bad value
+ * stops the process naming the variable. SIGTERM or SIGINT stops Postfix first, then the daemons and the
+ * job schedule (a sweep in progress stops after its current batch), then closes the pool.
  */
 import { ConfigError, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
 import { buildContainer, TOKENS } from './container.ts';
 import { startApi } from './daemons/api.ts';
+import { startJobs } from './daemons/jobs.ts';
 import { startLmtp } from './daemons/lmtp.ts';
 import { startMilter } from './daemons/milter.ts';
 import { startPolicy } from './daemons/policy.ts';
@@ -19,7 +21,7 @@ import { PostfixInstance } from './postfix/instance.ts';
 import type { Database } from './storage/database.ts';
 import { migrate } from './storage/migrate.ts';
 
-const ENTRIES = ['api', 'policy', 'milter', 'lmtp', 'migrate', 'all'] as const;
+const ENTRIES = ['api', 'policy', 'milter', 'lmtp', 'jobs', 'migrate', 'all'] as const;
 type Entry = (typeof ENTRIES)[number];
 
 interface Running {
@@ -95,6 +97,11 @@ async function main(argv: string[]): Promise<void> {
     const server = await startLmtp(container, createLog('lmtp'));
     running.push({ name: 'lmtp', close: () => server.close() });
     log({ msg: 'listening', lmtp: server.address });
+  }
+  if (entry === 'jobs' || all) {
+    const schedule = startJobs(container, createLog('jobs'));
+    running.push({ name: 'jobs', close: () => schedule.close() });
+    log({ msg: 'scheduled', jobs: `every ${config.sweepIntervalSeconds} s` });
   }
   if (all) {
     const postfix = PostfixInstance.forService(config);

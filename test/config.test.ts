@@ -56,6 +56,9 @@ test('with an empty environment every variable takes its dev default', () => {
     dnsServers: [],
     requirePtr: true,
     maxMessageBytes: 26214400,
+    sweepIntervalSeconds: 60,
+    reservationTtlSeconds: 518400,
+    sweepBatchSize: 500,
   };
   assert.deepEqual(loadConfig({}), expected);
   assert.deepEqual(loadConfig({ ENVIRONMENT: 'dev' }), expected);
@@ -133,6 +136,15 @@ test('derived defaults follow the variables they come from', () => {
   assert.equal(loadConfig({ ABUSE_CONTACT: 'reports@example.org' }).abuseContact, 'reports@example.org');
 });
 
+test('SWEEP_INTERVAL_SECONDS takes intervals that divide a minute, an hour or a day', () => {
+  for (const seconds of [1, 2, 5, 15, 30, 60, 120, 300, 900, 3600, 7200, 21600, 86400]) {
+    assert.equal(loadConfig({ SWEEP_INTERVAL_SECONDS: String(seconds) }).sweepIntervalSeconds, seconds);
+  }
+  const config = loadConfig({ RESERVATION_TTL_SECONDS: '600', SWEEP_BATCH_SIZE: '1000' });
+  assert.equal(config.reservationTtlSeconds, 600);
+  assert.equal(config.sweepBatchSize, 1000);
+});
+
 test('limits that may be zero accept zero; rates accept decimals', () => {
   const config = loadConfig({
     API_PORT: '0',
@@ -180,6 +192,13 @@ const BAD_VALUES: [string, string][] = [
   ['DOWNLOAD_RATE_BURST', 'many'],
   ['DOWNLOAD_RATE_PER_SECOND', '0.0'],
   ['DOWNLOAD_RATE_PER_SECOND', 'Infinity'],
+  ['SWEEP_INTERVAL_SECONDS', '0'],
+  ['SWEEP_INTERVAL_SECONDS', '7'],
+  ['SWEEP_INTERVAL_SECONDS', '90'],
+  ['SWEEP_INTERVAL_SECONDS', '86401'],
+  ['RESERVATION_TTL_SECONDS', '0'],
+  ['SWEEP_BATCH_SIZE', '0'],
+  ['SWEEP_BATCH_SIZE', 'all'],
 ];
 
 test('a bad value of each variable is refused with a ConfigError naming that variable', () => {

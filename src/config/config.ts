@@ -48,6 +48,12 @@ export interface Config {
   requirePtr: boolean;
   /** The largest message accepted, counted as the sender sent it (contract section 8). */
   maxMessageBytes: number;
+  /** How often the jobs sweep; divides a minute, an hour or a day, so a cron expression can say it. */
+  sweepIntervalSeconds: number;
+  /** A reservation still in flight this long after the milter made it is released (DESIGN decision 4). */
+  reservationTtlSeconds: number;
+  /** Rows a job deletes or marks per statement. */
+  sweepBatchSize: number;
 }
 
 /** A TCP address on this host, or a unix socket path. */
@@ -158,6 +164,19 @@ function dnsServers(raw: string): string[] {
   return servers;
 }
 
+/** Seconds that divide a minute, whole minutes that divide an hour, or whole hours that divide a day. */
+function sweepInterval(env: Env, name: string, fallback: number): number {
+  const value = integer(env, name, fallback);
+  const fits = (unit: number, per: number) => value % unit === 0 && per % (value / unit) === 0;
+  if (!(value < 60 ? 60 % value === 0 : fits(60, 60) || fits(3600, 24))) {
+    throw new ConfigError(
+      name,
+      `must divide a minute, an hour or a day evenly, e.g. 30, 60, 300 (got "${value}")`,
+    );
+  }
+  return value;
+}
+
 const DOMAIN = /^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
 
 /** Reads and checks the environment. Throws ConfigError naming the first bad variable. */
@@ -215,6 +234,10 @@ export function loadConfig(env: Env = process.env): Config {
     dnsServers: text(env, 'DNS_SERVERS', '-') === '-' ? [] : dnsServers(env.DNS_SERVERS as string),
     requirePtr: bool(env, 'REQUIRE_PTR', true),
     maxMessageBytes: integer(env, 'MAX_MESSAGE_BYTES', 26214400),
+    sweepIntervalSeconds: sweepInterval(env, 'SWEEP_INTERVAL_SECONDS', 60),
+    // Postfix's maximal_queue_lifetime (5 days, postfix/main.cf) plus a day of slack.
+    reservationTtlSeconds: integer(env, 'RESERVATION_TTL_SECONDS', 518400),
+    sweepBatchSize: integer(env, 'SWEEP_BATCH_SIZE', 500),
   };
   return config;
 }

@@ -250,3 +250,104 @@ export interface Authenticator {
   /** DKIM, SPF and DMARC for one message. DNS failures become temperror results, never exceptions. */
   authenticate(request: AuthenticationRequest): Promise<AuthVerdict>;
 }
+
+/** One message, by its key. */
+export interface MessageKey {
+  inboxId: string;
+  messageId: string;
+}
+
+/** What one batch freed: messages (or reservations) deleted and the bytes their sizes say. */
+export interface Freed {
+  messages: number;
+  bytes: number;
+}
+
+/** How much one statement may do (STYLE 17). */
+export interface BatchLimit {
+  /** Rows marked or deleted. */
+  rows: number;
+  /** Sum of `size_bytes` of the messages whose chunks one statement frees (at least one message). */
+  bytes: number;
+}
+
+/**
+ * The physical side of contract section 3's timers, for the jobs (src/jobs). Readers already apply every
+ * rule on their own (DESIGN decision 9); these methods only make the rows and chunks go.
+ *
+ * Every method does one bounded batch and is safe to repeat or to interrupt: each batch commits on its
+ * own, re-checks its condition on the rows it changes, and leaves nothing half done. None of them changes
+ * what a poll lists or what an inbox's usage counts before the time rules already do, except
+ * `recordLost` and `releaseReservations`, which bump the inbox's `version` (see MessageStore).
+ * "now" and every cutoff are passed in; nothing reads the database clock.
+ */
+export interface SweeperStore {
+  /**
+   * Runs `fn` while this process holds the cluster-wide advisory lock named `job`; when another session
+   * holds it, runs nothing and answers `{ ran: false }`. The lock is released when `fn` settles.
+   */
+  exclusively<T>(job: string, fn: () => Promise<T>): Promise<{ ran: true; value: T } | { ran: false }>;
+  /**
+   * Marks deleted the messages (stored or in flight) of inboxes whose expires_at is before `now`, and
+   * frees their chunks. Reason `expired` and deleted_at `now` (after expires_at, so the expired inbox's
+   * final counts, read at expires_at, keep them); a message whose delete_after came first keeps that
+   * deletion (reason `downloaded` or `unclaimed`, deleted_at = delete_after).
+   */
+  expireMessages(now: Date, limit: BatchLimit): Promise<Freed>;
+  /**
+   * Marks deleted the stored messages whose delete_after is at or before `now` (reason `downloaded` if
+   * downloaded, else `unclaimed`; deleted_at = delete_after) and frees their chunks.
+   */
+  deleteDueMessages(now: Date, limit: BatchLimit): Promise<Freed & { downloaded: number; unclaimed: number }>;
+  /**
+   * Stored messages after `after` in key order, at most `limit`, each with the bytes its chunks hold,
+   * read in one snapshot. For finding lost copies; reads only.
+   */
+  storedCopies(
+    after: MessageKey | null,
+    limit: number,
+  ): Promise<(MessageKey & { sizeBytes: number; storedBytes: number })[]>;
+  /** Records a stored message as deleted with reason `lost` and frees what is left of its chunks. */
+  recordLost(message: MessageKey, now: Date): Promise<boolean>;
+  /**
+   * Inboxes due for purge: expired at or before `purgeCutoff`, or cancelled and expired at or before
+   * `now` (contract section 3), oldest first.
+   */
+  inboxesToPurge(now: Date, purgeCutoff: Date, limit: number): Promise<string[]>;
+  /**
+   * Purges one inbox if it is still due: deletes at most `limit` of its deleted messages, and, once no
+   * message is left, the inbox with its credentials, rejections, extend keys and rate buckets.
+   * Messages not yet marked deleted are left for expireMessages, which frees their chunks in bounded
+   * batches. Returns what it deleted and whether the inbox is gone.
+   */
+  purgeInbox(
+    inboxId: string,
+    now: Date,
+    purgeCutoff: Date,
+    limit: number,
+  ): Promise<{ messages: number; purged: boolean; waiting: boolean }>;
+  /**
+   * Deletes the rows of messages deleted at or before `deletedBefore` (the id then answers 404), in
+   * live inboxes only: an expired inbox keeps its rows until its purge, so its final counts hold.
+   */
+  dropTombstones(deletedBefore: Date, now: Date, limit: number): Promise<number>;
+  /** Deletes rejections first listed at or before `listedBefore`. */
+  dropRejections(listedBefore: Date, limit: number): Promise<number>;
+  /** Deletes provision idempotency records created before `createdBefore` (a replay no longer finds them). */
+  forgetProvisions(createdBefore: Date, limit: number): Promise<number>;
+  /**
+   * Marks deleted (reason `released`, deleted_at `now`) the reservations still in flight that were made
+   * at or before `reservedBefore`; the inboxes' usage changes, so their versions are bumped.
+   */
+  releaseReservations(reservedBefore: Date, now: Date, limit: number): Promise<Freed & { inboxes: number }>;
+  /**
+   * Looks at the rate buckets after `after` in key order, at most `limit`, and deletes those whose inbox
+   * no longer exists or is due for purge. Returns the last key looked at (null at the end of the table).
+   */
+  dropRateBuckets(
+    after: { inboxId: string; bucket: string } | null,
+    now: Date,
+    purgeCutoff: Date,
+    limit: number,
+  ): Promise<{ deleted: number; last: { inboxId: string; bucket: string } | null }>;
+}

@@ -23,7 +23,7 @@ const SAFE_ID = /^[0-9a-z_]{1,40}$/;
  * The listing, one snapshot: messages and rejections after a position (each at most $3). Only the
  * columns a poll presents are read.
  */
-const LIST_EVENTS_SQL = `
+export const LIST_EVENTS_SQL = `
   (SELECT 'message' AS kind, m.position, m.size_bytes, m.envelope_from, m.listed_at, m.message_id, m.from_name,
           m.from_address, m.subject, m.internet_message_id, m.authentication, m.received_at, m.downloaded_at,
           m.delete_after, NULL::timestamptz AS at, NULL::text AS reason, NULL::text AS sender_domain

@@ -1,0 +1,112 @@
+/**
+ * One run of a job at a time across processes (STYLE 17): each job takes a Postgres advisory lock named
+ * after it, so a second process (here: a second container with its own pool) skips the run while the
+ * first holds it. A run that fails releases its lock, logs an error line and leaves no half-done batch.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import type { DependencyContainer } from 'tsyringe';
+import { buildContainer, TOKENS } from '../../src/container.ts';
+import type { SweeperStore } from '../../src/core/ports.ts';
+import { defineJob, type JobReport } from '../../src/jobs/job.ts';
+import { sweepLimits } from '../../src/jobs/jobs.ts';
+import type { LogLine } from '../../src/log.ts';
+import type { Database } from '../../src/storage/database.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
+import { deliverMany, footprint, testJobs } from '../support/jobs.ts';
+
+let h: Harness;
+let other: DependencyContainer;
+before(async () => {
+  h = await startHarness();
+  other = buildContainer(h.config, { clock: h.clock, log: () => {}, poolSize: 5 });
+});
+after(async () => {
+  await other.resolve<Database>(TOKENS.Database).close();
+  await h.close();
+});
+
+const otherProcess = () => ({ container: other, clock: h.clock, config: h.config });
+
+test('a job whose lock another process holds is skipped, logs that, and changes nothing', async () => {
+  const inbox = await h.provision();
+  await h.deliver(inbox.inbox_id, 'Subject: x\r\n\r\nx\r\n');
+  h.clock.advance(h.config.unitSeconds + 1);
+  const jobs = testJobs(h);
+  const held = other.resolve<SweeperStore>(TOKENS.SweeperStore);
+
+  let skipped: JobReport | undefined;
+  const outcome = await held.exclusively('expire-inboxes', async () => {
+    skipped = await jobs.run('expire-inboxes');
+  });
+  assert.equal(outcome.ran, true);
+  assert.equal(skipped?.ran, false);
+  assert.equal(skipped?.complete, false);
+  assert.deepEqual(jobs.lines.at(-1), {
+    msg: 'job skipped: running in another process',
+    job: 'expire-inboxes',
+    batches: 0,
+    complete: false,
+    duration_ms: jobs.lines.at(-1)?.duration_ms,
+  });
+  assert.equal((await footprint(h, inbox.inbox_id)).undeleted, 1);
+
+  // Other jobs have locks of their own; and once released, this one runs.
+  const meanwhile = await held.exclusively('expire-inboxes', () => jobs.run('drop-tombstones'));
+  assert.equal(meanwhile.ran && meanwhile.value.ran, true);
+  const ran = await jobs.run('expire-inboxes');
+  assert.equal(ran.ran, true);
+  assert.equal(ran.counts.messages, 1);
+});
+
+test('two processes sweeping at the same time do each piece of work once', async () => {
+  const inboxes = [await h.provision(), await h.provision(), await h.provision()];
+  await deliverMany(
+    h,
+    inboxes.map((i) => i.inbox_id),
+    120,
+    (i) => `Subject: ${i}\r\n\r\nmessage ${i}\r\n`,
+  );
+  h.clock.advance(h.config.unitSeconds + h.config.purgeAfterSeconds);
+  const a = testJobs(h, { batchRows: 10 });
+  const b = testJobs(otherProcess(), { batchRows: 10 });
+  const [ra, rb] = await Promise.all([a.sweep(), b.sweep()]);
+  const lines: LogLine[] = [...a.lines, ...b.lines];
+  assert.equal(lines.length, 16, 'one line per job per process');
+  // A purge that ran while the other process was still expiring leaves that inbox to the next sweep;
+  // over both sweeps and one more, each piece of work is done exactly once.
+  const rc = await a.sweep();
+  const total = (job: string, count: string) =>
+    [...ra, ...rb, ...rc].filter((r) => r.job === job).reduce((sum, r) => sum + (r.counts[count] ?? 0), 0);
+  assert.equal(total('expire-inboxes', 'messages'), 120);
+  // The first test's inbox is due by now too.
+  assert.equal(total('purge-inboxes', 'inboxes'), 4);
+  for (const inbox of inboxes) assert.equal((await footprint(h, inbox.inbox_id)).inboxes, 0);
+});
+
+test('a run that fails logs an error line with its counts so far and releases its lock', async () => {
+  const lines: LogLine[] = [];
+  const store = h.container.resolve<SweeperStore>(TOKENS.SweeperStore);
+  const failing = defineJob(
+    'failing-job',
+    { store, clock: h.clock, log: (l) => lines.push(l), limits: sweepLimits(h.config), settings: h.config },
+    async (run) => {
+      await run.repeat(async () => {
+        run.add({ things: 2 });
+        return false;
+      });
+      throw new Error('database went away');
+    },
+  );
+  const report = await failing.run();
+  assert.equal(report.ran, true);
+  assert.equal(report.complete, false);
+  assert.equal(report.error, 'database went away');
+  assert.equal(lines[0]?.level, 'error');
+  assert.equal(lines[0]?.msg, 'job failed');
+  assert.equal(lines[0]?.things, 2);
+  const again = await other
+    .resolve<SweeperStore>(TOKENS.SweeperStore)
+    .exclusively('failing-job', async () => 1);
+  assert.deepEqual(again, { ran: true, value: 1 }, 'the lock was released');
+});
