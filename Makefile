@@ -6,7 +6,8 @@ export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 NODE := $(CURDIR)/node_modules/.bin/node
 TEST_FILES ?= test/**/*.test.ts
 
-.PHONY: run test check lint typecheck install postgres mail-tools database migrate bench-api bench-mail clean
+.PHONY: run test check lint typecheck install postgres mail-tools database migrate bench-api bench-mail clean \
+	up down logs ps
 
 ## run: start the whole stack in the foreground: API, policy daemon, milter, LMTP receiver and a
 ## private Postfix on 127.0.0.1:$$SMTP_PORT (default 2525); Ctrl-C stops everything
@@ -82,6 +83,37 @@ bench-mail: install database mail-tools
 	$(NODE) test/bench/mail-bench.ts
 	$(NODE) test/bench/policy-bench.ts
 	$(NODE) test/bench/lmtp-memory.ts
+
+## up: build the images and start the container stack in the background (docker/compose.yaml; settings
+## in docker/.env, from docker/.env.example; see docker/README.md)
+up:
+	$(require-stack)
+	$(COMPOSE) up -d --build
+
+## down: stop and remove the stack's containers (the database and the mail queue stay in their volumes)
+down:
+	$(require-stack)
+	$(COMPOSE) down
+
+## logs: follow the stack's logs (the daemons' JSON lines and Postfix's maillog)
+logs:
+	$(require-stack)
+	$(COMPOSE) logs -f --tail=100
+
+## ps: the stack's containers and their health
+ps:
+	$(require-stack)
+	$(COMPOSE) ps
+
+# docker/compose.override.yaml, when present, holds this host's additions (docker/README.md).
+COMPOSE := docker compose -f docker/compose.yaml $(if $(wildcard docker/compose.override.yaml),-f docker/compose.override.yaml)
+# Expanded when one of the stack's targets runs: without an engine (or the compose plugin, or the env
+# file) make stops with one line saying why, before running anything.
+define require-stack
+$(if $(shell docker info --format '{{.ServerVersion}}' 2>/dev/null),,$(error no Docker engine answers here (docker info fails), so the container stack cannot run; run the service without containers: make run))
+$(if $(shell docker compose version --short 2>/dev/null),,$(error the docker compose plugin is missing (docker compose version fails): install it, or run the service without containers: make run))
+$(if $(wildcard docker/.env),,$(error docker/.env is missing: cp docker/.env.example docker/.env and set MAIL_DOMAIN, SECRET_KEY and POSTGRES_PASSWORD))
+endef
 
 clean:
 	rm -rf node_modules .run

@@ -7,7 +7,7 @@ import { type DependencyContainer, instanceCachingFactory, container as rootCont
 import type { Config } from './config/config.ts';
 import { Access } from './core/access.ts';
 import { type Clock, systemClock } from './core/clock.ts';
-import { DeliveryService } from './core/delivery-service.ts';
+import { type DeliveryReport, DeliveryService } from './core/delivery-service.ts';
 import { DownloadService } from './core/download-service.ts';
 import { InboxService } from './core/inbox-service.ts';
 import { MessageAdmission } from './core/message-admission.ts';
@@ -23,6 +23,8 @@ import { createLog, type Log } from './log.ts';
 import { CachingLookup, createResolver, ResolverReverseDns } from './mail/dns.ts';
 import { MailauthAuthenticator } from './mail/mailauth-authenticator.ts';
 import { MilterCheck } from './mail/milter-check.ts';
+import { Health } from './ops/health.ts';
+import { Metrics, type VerdictLabel } from './ops/metrics.ts';
 import { Database } from './storage/database.ts';
 import { PgGatekeeper } from './storage/gatekeeper.ts';
 import { PgInboxStore } from './storage/inbox-store.ts';
@@ -56,6 +58,8 @@ export const TOKENS = {
   DeliveryService: Symbol('DeliveryService'),
   SweeperStore: Symbol('SweeperStore'),
   Jobs: Symbol('Jobs'),
+  Metrics: Symbol('Metrics'),
+  Health: Symbol('Health'),
 } as const;
 
 export interface ContainerOptions {
@@ -78,6 +82,13 @@ export function buildContainer(
   c.register(TOKENS.Clock, { useValue: options.clock ?? systemClock });
   c.register(TOKENS.Log, { useValue: options.log ?? createLog('api') });
   single(TOKENS.Database, () => new Database(config.databaseUrl, options.poolSize ?? 10));
+  // One Registry per container, so per process in production and per test in the tests.
+  single(TOKENS.Metrics, () => {
+    const metrics = new Metrics();
+    metrics.watchPool(() => get<Database>(TOKENS.Database).poolUse());
+    return metrics;
+  });
+  single(TOKENS.Health, () => new Health(() => get<Database>(TOKENS.Database).ping(), get(TOKENS.Log)));
   single(TOKENS.InboxStore, () => new PgInboxStore(get(TOKENS.Database)));
   single(TOKENS.MessageStore, () => new PgMessageStore(get(TOKENS.Database)));
   single(TOKENS.OptOutStore, () => new PgOptOutStore(get(TOKENS.Database)));
@@ -120,6 +131,14 @@ export function buildContainer(
     downloads: get(TOKENS.DownloadService),
     optOuts: get(TOKENS.OptOuts),
     log: get(TOKENS.Log),
+    health: get(TOKENS.Health),
+    observe: (request) =>
+      get<Metrics>(TOKENS.Metrics).httpRequest(
+        request.method,
+        request.route,
+        request.status,
+        request.seconds,
+      ),
   }));
   single(TOKENS.Resolver, () => createResolver(config.dnsServers));
   single(TOKENS.ReverseDns, () => new ResolverReverseDns(get(TOKENS.Resolver)));
@@ -159,9 +178,28 @@ export function buildContainer(
   );
   single(
     TOKENS.DeliveryService,
-    () => new DeliveryService(get(TOKENS.MessageStore), get(TOKENS.Clock), config, get(TOKENS.Log)),
+    () =>
+      new DeliveryService(get(TOKENS.MessageStore), get(TOKENS.Clock), config, get(TOKENS.Log), (report) =>
+        get<Metrics>(TOKENS.Metrics).lmtpDelivery(deliveryMetrics(report)),
+      ),
   );
   single(TOKENS.SweeperStore, () => new PgSweeperStore(get(TOKENS.Database)));
   single(TOKENS.Jobs, () => createJobs(get(TOKENS.SweeperStore), get(TOKENS.Clock), config, get(TOKENS.Log)));
   return c;
+}
+
+/** An LMTP delivery's recipients per outcome, as metric labels (DESIGN decision 1: only 2xx or 4xx). */
+function deliveryMetrics(report: DeliveryReport) {
+  const outcome = (verdict: VerdictLabel, count: number) => ({ verdict, count });
+  return {
+    seconds: report.ms / 1000,
+    bytes: report.bytes,
+    outcomes: {
+      stored: outcome('accept', report.stored),
+      duplicate: outcome('accept', report.duplicate),
+      no_such_inbox: outcome('accept', report.discarded),
+      store_failed: outcome('defer', report.failed),
+      too_many_recipients: outcome('defer', report.tooMany),
+    },
+  };
 }

@@ -4,8 +4,16 @@
  * `all` migrates, runs every daemon and the lifecycle jobs in one process and starts a private Postfix
  * instance under RUN_DIR/postfix listening on SMTP_HOST:SMTP_PORT (the small install `make run` uses);
  * Postfix's log is followed onto stdout. Configuration comes from the environment only; a bad value
- * stops the process naming the variable. SIGTERM or SIGINT stops Postfix first, then the daemons and the
- * job schedule (a sweep in progress stops after its current batch), then closes the pool.
+ * stops the process naming the variable (exit 78).
+ *
+ * Every entry but migrate also serves /metrics, /livez and /readyz on METRICS_HOST:METRICS_PORT
+ * (src/ops/ops-server.ts), started once its daemons listen. Logs are JSON lines on stdout (src/log.ts).
+ *
+ * SIGTERM or SIGINT: readiness turns 503 at once; Postfix stops first (`all`), then each daemon in
+ * reverse order of starting stops accepting and finishes what it has in flight for up to
+ * SHUTDOWN_GRACE_SECONDS (see each daemon's header; the job schedule stops after its current batch);
+ * then the pool and the metrics server close and the process exits 0. Should that take more than the
+ * grace plus 10 s, or a second signal come, the process exits 1 at once.
  */
 import { ConfigError, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
@@ -16,6 +24,9 @@ import { startLmtp } from './daemons/lmtp.ts';
 import { startMilter } from './daemons/milter.ts';
 import { startPolicy } from './daemons/policy.ts';
 import { createLog } from './log.ts';
+import type { Health } from './ops/health.ts';
+import type { Metrics } from './ops/metrics.ts';
+import { DEFAULT_METRICS_PORTS, startOpsServer } from './ops/ops-server.ts';
 import { followMaillog } from './postfix/follow-maillog.ts';
 import { PostfixInstance } from './postfix/instance.ts';
 import type { Database } from './storage/database.ts';
@@ -35,8 +46,9 @@ async function main(argv: string[]): Promise<void> {
     process.stderr.write(`usage: node src/main.ts ${ENTRIES.join(' | ')}\n`);
     process.exit(64);
   }
-  const log = createLog(entry);
   const config = await ensureSecretKey(loadConfig());
+  const logOf = (daemon: string) => createLog(daemon, undefined, config.logLevel);
+  const log = logOf(entry);
   if (entry === 'migrate' || entry === 'all') {
     const applied = await migrate(config.databaseUrl);
     log({ msg: 'migrated', applied });
@@ -44,62 +56,72 @@ async function main(argv: string[]): Promise<void> {
   }
   const all = entry === 'all';
   const container = buildContainer(config, {
-    log: createLog(all ? 'service' : entry),
+    log: logOf(all ? 'service' : entry),
     poolSize: all ? 20 : 10,
   });
+  const health = container.resolve<Health>(TOKENS.Health);
+  const graceMs = config.shutdownGraceSeconds * 1000;
   const running: Running[] = [];
+  let ops: Running | undefined;
   const stop = async (signal: string) => {
-    log({ msg: 'stopping', signal });
-    const timer = setTimeout(() => process.exit(1), 40_000);
+    health.stop();
+    const began = performance.now();
+    log({ msg: 'stopping', signal, grace_seconds: config.shutdownGraceSeconds });
+    const timer = setTimeout(() => {
+      log({ level: 'error', msg: 'stopping took too long; exiting now' });
+      process.exit(1);
+    }, graceMs + 10_000);
     timer.unref();
     // Postfix first, so no new delivery starts; then each daemon finishes what it has in flight.
-    for (const item of running.reverse()) {
+    for (const item of [...running].reverse()) {
+      const started = performance.now();
       await item
         .close()
         .catch((error: unknown) =>
           log({ level: 'error', msg: 'stop failed', name: item.name, error: String(error) }),
         );
+      log({ msg: 'stopped', name: item.name, ms: Math.round(performance.now() - started) });
     }
     await container.resolve<Database>(TOKENS.Database).close();
-    log({ msg: 'stopped' });
+    await ops?.close();
+    log({ msg: 'stopped', ms: Math.round(performance.now() - began) });
     process.exit(0);
   };
-  process.once('SIGTERM', () => void stop('SIGTERM'));
-  process.once('SIGINT', () => void stop('SIGINT'));
+  let stopping = false;
+  const onSignal = (signal: string) => {
+    if (!stopping) {
+      stopping = true;
+      void stop(signal);
+      return;
+    }
+    log({ level: 'warn', msg: 'second signal; exiting now', signal });
+    process.exit(1);
+  };
+  process.on('SIGTERM', onSignal);
+  process.on('SIGINT', onSignal);
 
   if (entry === 'api' || all) {
-    const server = await startApi(container);
-    running.push({
-      name: 'api',
-      close: () =>
-        new Promise((resolve) => {
-          server.close(resolve);
-          server.closeIdleConnections();
-        }),
-    });
-    log({
-      msg: 'listening',
-      api: `http://${config.apiHost}:${config.apiPort}`,
-      public_base_url: config.publicBaseUrl,
-    });
+    const api = await startApi(container, graceMs);
+    running.push({ name: 'api', close: () => api.close() });
+    log({ msg: 'listening', api: api.url, public_base_url: config.publicBaseUrl });
   }
   if (entry === 'policy' || all) {
-    const server = await startPolicy(container, createLog('policy'));
+    const server = await startPolicy(container, logOf('policy'));
     running.push({ name: 'policy', close: () => server.close() });
     log({ msg: 'listening', policy: server.address });
   }
   if (entry === 'milter' || all) {
-    const server = await startMilter(container, createLog('milter'));
+    const server = await startMilter(container, logOf('milter'));
     running.push({ name: 'milter', close: () => server.close() });
     log({ msg: 'listening', milter: server.address });
   }
   if (entry === 'lmtp' || all) {
-    const server = await startLmtp(container, createLog('lmtp'));
+    const server = await startLmtp(container, logOf('lmtp'));
     running.push({ name: 'lmtp', close: () => server.close() });
     log({ msg: 'listening', lmtp: server.address });
   }
   if (entry === 'jobs' || all) {
-    const schedule = startJobs(container, createLog('jobs'));
+    const schedule = startJobs(container, logOf('jobs'));
     running.push({ name: 'jobs', close: () => schedule.close() });
     log({ msg: 'scheduled', jobs: `every ${config.sweepIntervalSeconds} s` });
   }
@@ -107,7 +129,7 @@ async function main(argv: string[]): Promise<void> {
     const postfix = PostfixInstance.forService(config);
     await postfix.stop(); // a master left running by a previous run that was killed
     await postfix.prepare();
-    const following = followMaillog(postfix.dirs.maillogFile, createLog('postfix'));
+    const following = followMaillog(postfix.dirs.maillogFile, logOf('postfix'));
     await postfix.start();
     running.push({
       name: 'postfix',
@@ -120,6 +142,22 @@ async function main(argv: string[]): Promise<void> {
       msg: 'listening',
       smtp: `${postfix.smtp.host}:${postfix.smtp.port}`,
       mail_domain: config.mailDomain,
+    });
+  }
+  const metricsPort = config.metricsPort ?? DEFAULT_METRICS_PORTS[entry] ?? 9464;
+  if (metricsPort !== 'off' && !health.stopping) {
+    const server = await startOpsServer({
+      host: config.metricsHost,
+      port: metricsPort,
+      metrics: container.resolve<Metrics>(TOKENS.Metrics),
+      health,
+      log,
+    });
+    ops = { name: 'metrics', close: () => server.close() };
+    log({
+      msg: 'listening',
+      metrics: `${server.url}/metrics`,
+      probes: [`${server.url}/livez`, `${server.url}/readyz`],
     });
   }
 }

@@ -59,6 +59,10 @@ test('with an empty environment every variable takes its dev default', () => {
     sweepIntervalSeconds: 60,
     reservationTtlSeconds: 518400,
     sweepBatchSize: 500,
+    metricsHost: '127.0.0.1',
+    metricsPort: undefined,
+    shutdownGraceSeconds: 30,
+    logLevel: 'info',
   };
   assert.deepEqual(loadConfig({}), expected);
   assert.deepEqual(loadConfig({ ENVIRONMENT: 'dev' }), expected);
@@ -160,6 +164,18 @@ test('limits that may be zero accept zero; rates accept decimals', () => {
   assert.equal(config.downloadRatePerSecond, 10);
 });
 
+test('METRICS_PORT takes a port, 0 (any free one) or off; the operations variables have their own checks', () => {
+  assert.equal(loadConfig({ METRICS_PORT: '9100' }).metricsPort, 9100);
+  assert.equal(loadConfig({ METRICS_PORT: '0' }).metricsPort, 0);
+  assert.equal(loadConfig({ METRICS_PORT: 'off' }).metricsPort, 'off');
+  assert.equal(loadConfig({ METRICS_PORT: 'OFF' }).metricsPort, 'off');
+  assert.equal(loadConfig({ METRICS_PORT: '' }).metricsPort, undefined);
+  const config = loadConfig({ METRICS_HOST: '0.0.0.0', SHUTDOWN_GRACE_SECONDS: '5', LOG_LEVEL: 'warn' });
+  assert.equal(config.metricsHost, '0.0.0.0');
+  assert.equal(config.shutdownGraceSeconds, 5);
+  assert.equal(config.logLevel, 'warn');
+});
+
 const BAD_VALUES: [string, string][] = [
   ['ENVIRONMENT', 'staging'],
   ['ENVIRONMENT', 'PROD'],
@@ -199,6 +215,14 @@ const BAD_VALUES: [string, string][] = [
   ['RESERVATION_TTL_SECONDS', '0'],
   ['SWEEP_BATCH_SIZE', '0'],
   ['SWEEP_BATCH_SIZE', 'all'],
+  ['METRICS_PORT', 'abc'],
+  ['METRICS_PORT', '-1'],
+  ['METRICS_PORT', '65536'],
+  ['METRICS_PORT', 'none'],
+  ['SHUTDOWN_GRACE_SECONDS', '0'],
+  ['SHUTDOWN_GRACE_SECONDS', '30s'],
+  ['LOG_LEVEL', 'verbose'],
+  ['LOG_LEVEL', 'INFO'],
 ];
 
 test('a bad value of each variable is refused with a ConfigError naming that variable', () => {

@@ -6,6 +6,7 @@
  */
 import Type from 'typebox';
 import { Compile } from 'typebox/compile';
+import { LOG_LEVELS, type LogLevel } from '../log.ts';
 
 export type Environment = 'dev' | 'prod';
 
@@ -54,6 +55,13 @@ export interface Config {
   reservationTtlSeconds: number;
   /** Rows a job deletes or marks per statement. */
   sweepBatchSize: number;
+  /** Where the metrics and health server listens (src/ops/ops-server.ts). */
+  metricsHost: string;
+  /** A port (0: any free one), 'off', or undefined: the entry point's default (DEFAULT_METRICS_PORTS). */
+  metricsPort: number | 'off' | undefined;
+  /** How long a stopping daemon lets work in flight finish before cutting it off (SIGTERM). */
+  shutdownGraceSeconds: number;
+  logLevel: LogLevel;
 }
 
 /** A TCP address on this host, or a unix socket path. */
@@ -142,6 +150,17 @@ function listen(env: Env, name: string, fallback: number): Listen {
     throw new ConfigError(name, `must be a port, host:port or an absolute socket path (got "${raw}")`);
   }
   return { host: (match[1] ?? '127.0.0.1').replace(/^\[|\]$/g, ''), port: portNumber };
+}
+
+/** Unset: the entry point's default; `off`: no metrics server; else a port (0: any free one). */
+function metricsPort(env: Env, name: string): number | 'off' | undefined {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return undefined;
+  if (raw.toLowerCase() === 'off') return 'off';
+  if (!/^\d{1,5}$/.test(raw) || Number(raw) > 65535) {
+    throw new ConfigError(name, `must be a port number or off (got "${raw}")`);
+  }
+  return Number(raw);
 }
 
 function bool(env: Env, name: string, fallback: boolean): boolean {
@@ -238,6 +257,10 @@ export function loadConfig(env: Env = process.env): Config {
     // Postfix's maximal_queue_lifetime (5 days, postfix/main.cf) plus a day of slack.
     reservationTtlSeconds: integer(env, 'RESERVATION_TTL_SECONDS', 518400),
     sweepBatchSize: integer(env, 'SWEEP_BATCH_SIZE', 500),
+    metricsHost: text(env, 'METRICS_HOST', '127.0.0.1'),
+    metricsPort: metricsPort(env, 'METRICS_PORT'),
+    shutdownGraceSeconds: integer(env, 'SHUTDOWN_GRACE_SECONDS', 30),
+    logLevel: oneOf(env, 'LOG_LEVEL', LOG_LEVELS, 'info'),
   };
   return config;
 }

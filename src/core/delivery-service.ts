@@ -16,6 +16,8 @@
  *   message size;
  * - the message stream is owned by `deliver` from the call on: it is read to its end before `deliver`
  *   resolves, whatever happened. `deliver` never rejects;
+ * - each delivery is logged once (queue id, inbox ids, counts, bytes, time) and reported once to
+ *   `observe` (metrics), whose failure is ignored;
  * - at most maxParallelStores inbox stores run at once in this service (each holds a database connection
  *   while its bytes arrive, and a tee waiting for a store that waits for a connection would never move).
  *   Distinct inboxes of one delivery beyond that bound get 452 4.5.3; Postfix sends them again.
@@ -54,6 +56,24 @@ export interface DeliverySettings {
 /** An accept carries the text after `250` for the log of the peer (Postfix's `status=sent (...)`). */
 export type DeliveryVerdict = { kind: 'accept'; dsn: string; text: string } | Refusal;
 
+/**
+ * What one delivery came to (its log line's counts), for metrics. Counts are per distinct inbox, plus
+ * one per recipient address that is no inbox.
+ */
+export interface DeliveryReport {
+  queueId: string;
+  stored: number;
+  duplicate: number;
+  /** Not stored and answered 250: no such inbox (any more). */
+  discarded: number;
+  /** Deferred (451): the store failed. */
+  failed: number;
+  /** Deferred (452): more inboxes than stores allowed at once. */
+  tooMany: number;
+  bytes: number;
+  ms: number;
+}
+
 type Outcome =
   | { kind: 'stored' | 'duplicate'; messageId: string }
   | { kind: 'discarded' | 'failed' | 'too_many' };
@@ -72,9 +92,17 @@ export class DeliveryService {
   readonly #maxHeaderBytes: number;
   readonly #stallMs: number;
   readonly #slots: Slots;
+  readonly #observe: (report: DeliveryReport) => void;
 
-  constructor(store: MessageStore, clock: Clock, settings: DeliverySettings, log: Log) {
+  constructor(
+    store: MessageStore,
+    clock: Clock,
+    settings: DeliverySettings,
+    log: Log,
+    observe: (report: DeliveryReport) => void = () => {},
+  ) {
     this.#store = store;
+    this.#observe = observe;
     this.#clock = clock;
     this.#log = log;
     this.#mailDomain = settings.mailDomain.toLowerCase();
@@ -178,17 +206,33 @@ export class DeliveryService {
       return this.#verdict(outcomes.get(inboxId) ?? { kind: 'failed' });
     });
     const count = (kind: Outcome['kind']) => [...outcomes.values()].filter((o) => o.kind === kind).length;
-    this.#log({
-      msg: 'delivery',
-      queue_id: queueId,
-      recipients: envelope.recipients.length,
+    const report: DeliveryReport = {
+      queueId,
       stored: count('stored'),
       duplicate: count('duplicate'),
       discarded: count('discarded') + inboxOf.filter((id) => id === null).length,
-      deferred: count('failed') + count('too_many'),
+      failed: count('failed'),
+      tooMany: count('too_many'),
       bytes,
       ms: Date.now() - started,
+    };
+    this.#log({
+      msg: 'delivery',
+      queue_id: queueId,
+      inbox_ids: targets,
+      recipients: envelope.recipients.length,
+      stored: report.stored,
+      duplicate: report.duplicate,
+      discarded: report.discarded,
+      deferred: report.failed + report.tooMany,
+      bytes,
+      ms: report.ms,
     });
+    try {
+      this.#observe(report);
+    } catch {
+      // metrics must never fail a delivery
+    }
     return verdicts;
   }
 

@@ -6,7 +6,7 @@
  * a policy daemon's text (`<rcpt>: Recipient address rejected: ...`); a milter's reaches the sender
  * byte for byte (MAIL-FACTS A.3, C.5).
  */
-import type { Refusal } from './verdict.ts';
+import type { Refusal, Verdict } from './verdict.ts';
 
 export interface ReplySettings {
   mailDomain: string;
@@ -42,4 +42,18 @@ export function smtpReplies({ mailDomain, abuseContact }: ReplySettings) {
     /** Anything unexpected on our side: never a 5xx, never a lost message (STYLE 4). */
     temporaryFailure: defer(451, '4.3.0', `${svc}: temporary failure, try again later`),
   });
+}
+
+/**
+ * What a verdict was, for metrics and log lines: `accepted`, or the name of the reply above in
+ * snake_case (`no_such_inbox`, `quota_exceeded`, ...); `other` for a refusal made elsewhere.
+ */
+export function replyReason(replies: SmtpReplies, verdict: Verdict): string {
+  if (verdict.kind === 'accept') return 'accepted';
+  for (const [name, reply] of Object.entries(replies)) {
+    if (reply.code === verdict.code && reply.dsn === verdict.dsn && reply.text === verdict.text) {
+      return name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+    }
+  }
+  return 'other';
 }

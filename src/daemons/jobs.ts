@@ -11,6 +11,9 @@
  *               transaction, so a crash leaves nothing half done. Any number of processes may run this:
  *               a job whose advisory lock is held elsewhere is skipped. Correctness never waits on a job
  *               (readers apply every timer themselves); a stopped job costs only space.
+ * On SIGTERM:   stops scheduling; a sweep in progress stops after its current batch (each batch is one
+ *               transaction), then the process exits.
+ * Observes:     one log line and one metrics report per job run (outcome, rows, bytes, time).
  * Security:     reads no message content and logs only ids and counts.
  */
 import type { DependencyContainer } from 'tsyringe';
@@ -19,8 +22,20 @@ import { TOKENS } from '../container.ts';
 import type { Job } from '../jobs/job.ts';
 import { type Schedule, startSchedule } from '../jobs/schedule.ts';
 import type { Log } from '../log.ts';
+import type { Metrics } from '../ops/metrics.ts';
 
 export function startJobs(container: DependencyContainer, log: Log): Schedule {
   const config = container.resolve<Config>(TOKENS.Config);
-  return startSchedule(container.resolve<Job[]>(TOKENS.Jobs), config.sweepIntervalSeconds, log);
+  const metrics = container.resolve<Metrics>(TOKENS.Metrics);
+  const jobs = container.resolve<Job[]>(TOKENS.Jobs).map(
+    (job): Job => ({
+      name: job.name,
+      run: async (signal) => {
+        const report = await job.run(signal);
+        metrics.jobRun(report);
+        return report;
+      },
+    }),
+  );
+  return startSchedule(jobs, config.sweepIntervalSeconds, log);
 }

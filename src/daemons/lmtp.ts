@@ -8,6 +8,11 @@
  *               queued must not bounce (no backscatter); an address that is no inbox is answered 250 and
  *               dropped, with a log line.
  * On failure:   the database being down answers 451 and Postfix retries later; nothing is lost.
+ * On SIGTERM:   stops accepting; every further command is answered 421; a delivery in progress
+ *               finishes and is answered for up to SHUTDOWN_GRACE_SECONDS, then 421 (a 4xx: Postfix
+ *               keeps the message and retries) and its store rolls back.
+ * Observes:     one log line and one metrics report per delivery: queue id, inbox ids, outcomes, bytes,
+ *               time.
  * Security:     anyone who can connect can store mail: listen on loopback or a private socket.
  */
 import type { DependencyContainer } from 'tsyringe';
@@ -26,5 +31,6 @@ export async function startLmtp(container: DependencyContainer, log: Log): Promi
     log,
     hostname: config.authservId,
     maxMessageBytes: config.maxMessageBytes,
+    closeGraceMs: config.shutdownGraceSeconds * 1000,
   });
 }

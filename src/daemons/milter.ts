@@ -9,20 +9,78 @@
  *               `sender_opted_out`, `sender_not_allowed` and `quota` rejections.
  * On failure:   a message it cannot decide gets a tempfail (451); if the milter is down Postfix applies
  *               `milter_default_action = tempfail`. Never a 5xx for our own trouble.
+ * On SIGTERM:   stops accepting; connections between transactions end at once; a transaction in
+ *               progress gets its verdict (up to SHUTDOWN_GRACE_SECONDS, then it is cut and Postfix
+ *               applies its tempfail default), then its connection ends.
+ * Observes:     one line and one counted verdict per message, with the queue id, inbox ids, reason and
+ *               decision time (metrics).
  * Security:     trusts only Postfix: listen on loopback or a private socket. Logs no message content.
  */
 import type { DependencyContainer } from 'tsyringe';
 import type { Config } from '../config/config.ts';
 import { TOKENS } from '../container.ts';
+import { inboxIdOf } from '../core/mail-address.ts';
+import { replyReason, type SmtpReplies } from '../core/smtp-replies.ts';
 import type { Log } from '../log.ts';
 import type { MilterCheck } from '../mail/milter-check.ts';
+import type { MilterHandler } from '../milter/handler.ts';
 import { startMilterServer } from '../milter/server.ts';
+import type { Metrics } from '../ops/metrics.ts';
+
+const STAGE = 'end_of_message';
 
 export async function startMilter(container: DependencyContainer, log: Log) {
   const config = container.resolve<Config>(TOKENS.Config);
+  const check = container.resolve<MilterCheck>(TOKENS.MilterCheck);
+  const metrics = container.resolve<Metrics>(TOKENS.Metrics);
+  const replies = container.resolve<SmtpReplies>(TOKENS.SmtpReplies);
+
+  const handler: MilterHandler = {
+    beginMessage(envelope, headers) {
+      let consumer: ReturnType<MilterCheck['beginMessage']>;
+      try {
+        consumer = check.beginMessage(envelope, headers);
+      } catch (error) {
+        metrics.verdict('milter', STAGE, 'error', 'internal');
+        throw error;
+      }
+      const inboxIds = [
+        ...new Set(envelope.recipients.flatMap((r) => inboxIdOf(r, config.mailDomain) ?? [])),
+      ];
+      return {
+        body: (chunk) => consumer.body(chunk),
+        abort: () => consumer.abort(),
+        end: async () => {
+          const started = performance.now();
+          try {
+            const result = await consumer.end();
+            const seconds = (performance.now() - started) / 1000;
+            const { verdict } = result;
+            const reason = replyReason(replies, verdict);
+            metrics.milterDecision(seconds);
+            metrics.verdict('milter', STAGE, verdict.kind, reason);
+            log({
+              msg: 'milter verdict',
+              queue_id: envelope.queueId,
+              inbox_ids: inboxIds,
+              verdict: verdict.kind,
+              reason,
+              ...(verdict.kind === 'accept' ? {} : { reply: `${verdict.code} ${verdict.dsn}` }),
+              ms: Math.round(seconds * 10000) / 10,
+            });
+            return result;
+          } catch (error) {
+            metrics.verdict('milter', STAGE, 'error', 'internal');
+            throw error;
+          }
+        },
+      };
+    },
+  };
   return startMilterServer({
     listen: config.milterListen,
-    handler: container.resolve<MilterCheck>(TOKENS.MilterCheck),
+    handler,
     log,
+    closeGraceMs: config.shutdownGraceSeconds * 1000,
   });
 }

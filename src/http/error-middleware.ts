@@ -5,6 +5,7 @@
  */
 import type { Context, Next } from 'koa';
 import { type ErrorCode, ServiceError } from '../core/errors.ts';
+import { routeOf } from './request.ts';
 
 export const STATUS: Record<ErrorCode, number> = {
   unauthorized: 401,
@@ -65,7 +66,7 @@ function toServiceError(caught: unknown, ctx: Context, log: Logger): ServiceErro
     msg: 'internal error',
     request_id: ctx.state.requestId,
     method: ctx.method,
-    route: ctx.state.route,
+    route: routeOf(ctx),
     error: caught instanceof Error ? caught.stack : String(caught),
   });
   return new ServiceError('internal', `Internal error; request id ${ctx.state.requestId}.`);

@@ -69,6 +69,10 @@ export function queryParameters(ctx: Context, allowed: readonly string[]): Recor
   return out;
 }
 
+/** The template of the route that served the request (@koa/router sets it), `unmatched` for none. */
+export const routeOf = (ctx: Context): string =>
+  (ctx as Context & { _matchedRoute?: unknown })._matchedRoute?.toString() ?? 'unmatched';
+
 /** An integer query parameter within bounds: not an integer is invalid_request, outside is out_of_bounds. */
 export function integerParameter(
   raw: string | undefined,

@@ -14,8 +14,10 @@
  * On failure:  a connection that drops mid-DATA ends that delivery (its stores roll back); Postfix
  *              retries. Other connections are unaffected.
  * close():     stops accepting; every further command is answered `421` (smtp-server does this once
- *              closing); deliveries in progress finish for up to closeGraceMs, then every connection
- *              is closed; resolves when the listener is closed.
+ *              closing); deliveries in progress finish and are answered for up to closeGraceMs, then
+ *              every connection left gets `421 4.3.2 <hostname> shutting down, try again later` and is
+ *              closed (a delivery cut off so rolls back; Postfix retries it); resolves when the
+ *              listener is closed.
  * Security:    anyone who can connect can store mail into any inbox: listen on loopback or on a unix
  *              socket that only Postfix can reach.
  */
@@ -87,7 +89,8 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     disabledCommands: ['AUTH', 'STARTTLS'],
     disableReverseLookup: true,
     hideENHANCEDSTATUSCODES: true,
-    closeTimeout: graceMs,
+    // close() below sends our 421 at the end of the grace; smtp-server's own is only a fallback.
+    closeTimeout: graceMs + 5_000,
     onRcptTo(address, session, callback) {
       const list = accepted.get(session.envelope) ?? [];
       list.push(address.address);
@@ -177,7 +180,7 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
       await Promise.race([Promise.allSettled([...deliveries]), grace]);
       clearTimeout(timer);
       for (const connection of server.connections) {
-        connection.send(421, `${hostname} shutting down`);
+        connection.send(421, `4.3.2 ${hostname} shutting down, try again later`);
         connection.close();
       }
       await stopped;

@@ -28,13 +28,15 @@ export interface MilterServerOptions {
   log: Log;
   /** How often SMFIR_PROGRESS is sent while a consumer call is pending. */
   progressIntervalMs?: number;
+  /** How long close() lets transactions in progress finish (default CLOSE_GRACE_MS). */
+  closeGraceMs?: number;
 }
 
 export interface MilterServer {
   server: net.Server;
   /** In Postfix's smtpd_milters syntax: `inet:127.0.0.1:PORT` or `unix:/path`. */
   address: string;
-  /** Stops accepting; idle sessions end at once, the others after their transaction or CLOSE_GRACE_MS. */
+  /** Stops accepting; idle sessions end at once, the others after their transaction or the grace. */
   close(): Promise<void>;
 }
 
@@ -77,7 +79,7 @@ export async function startMilterServer(options: MilterServerOptions): Promise<M
     closing ??= new Promise<void>((resolve) => {
       const grace = setTimeout(() => {
         for (const connection of connections) connection.destroy();
-      }, CLOSE_GRACE_MS);
+      }, options.closeGraceMs ?? CLOSE_GRACE_MS);
       server.close(() => {
         clearTimeout(grace);
         resolve();

@@ -7,8 +7,9 @@
  * Decides:     nothing; every request goes to the handler's PolicyConnection (one per connection).
  * On failure:  bad input or a failed decision closes that connection without a reply (session.ts);
  *              Postfix retries and then applies its default_action. Other connections are unaffected.
- * close():     stops accepting, lets each decision in progress finish and be answered for up to
- *              CLOSE_GRACE_MS, then destroys what is left; resolves when every connection is gone.
+ * close():     stops accepting, ends idle connections at once, lets each decision in progress finish
+ *              and be answered for up to closeGraceMs (default CLOSE_GRACE_MS), then destroys what is
+ *              left; resolves when every connection is gone.
  * Security:    anyone who can connect can ask for decisions (and so learn which inboxes exist): listen on
  *              loopback or a unix socket reachable by Postfix only.
  */
@@ -35,8 +36,10 @@ export async function startPolicyServer(options: {
   listen: Listen;
   handler: PolicyHandler;
   log: Log;
+  closeGraceMs?: number;
 }): Promise<PolicyServer> {
   const { listen, handler, log } = options;
+  const graceMs = options.closeGraceMs ?? CLOSE_GRACE_MS;
   const sessions = new Set<PolicySession>();
   const server = net.createServer((socket) => {
     const session = new PolicySession(socket, handler, log);
@@ -73,7 +76,7 @@ export async function startPolicyServer(options: {
       for (const session of sessions) session.shutdown();
       const timer = setTimeout(() => {
         for (const session of sessions) session.destroy();
-      }, CLOSE_GRACE_MS);
+      }, graceMs);
       timer.unref();
       server.once('close', () => clearTimeout(timer));
     });

@@ -121,6 +121,17 @@ export class Database {
     }
   }
 
+  /** `SELECT 1` on a pooled connection (readiness); rejects when the server cannot be reached. */
+  async ping(): Promise<void> {
+    await this.pool.query('SELECT 1');
+  }
+
+  /** The pool's connections and the queries waiting for one (metrics). */
+  poolUse(): { total: number; idle: number; waiting: number; max: number } {
+    const { totalCount, idleCount, waitingCount, options } = this.pool;
+    return { total: totalCount, idle: idleCount, waiting: waitingCount, max: options.max ?? 10 };
+  }
+
   async close(): Promise<void> {
     await this.pool.end();
   }

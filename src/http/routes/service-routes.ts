@@ -1,5 +1,9 @@
 /**
- * service-routes - health and the OpenAPI document; neither takes a credential.
+ * service-routes - health, the OpenAPI document and the probes; none takes a credential.
+ *
+ * `GET /v1/health` is the contract's (section 9). `GET /livez` and `GET /readyz` are for operators
+ * and orchestrators, outside /v1 and outside the OpenAPI document: live while the process answers;
+ * ready (200) when the database answers `SELECT 1`, else 503 (src/ops/health.ts).
  */
 import type Router from '@koa/router';
 import { openApiDocument } from '../openapi.ts';
@@ -8,6 +12,16 @@ import type { HttpServices } from '../services.ts';
 export function registerServiceRoutes(router: Router, services: HttpServices): void {
   router.get('/v1/health', (ctx) => {
     ctx.body = { ok: true, environment: services.environment };
+  });
+  router.get('/livez', (ctx) => {
+    ctx.set('Cache-Control', 'no-store');
+    ctx.body = { ok: true };
+  });
+  router.get('/readyz', async (ctx) => {
+    const readiness = await services.health.ready();
+    ctx.set('Cache-Control', 'no-store');
+    ctx.status = readiness.ok ? 200 : 503;
+    ctx.body = readiness;
   });
   const document = openApiDocument();
   router.get('/v1/openapi.json', (ctx) => {
