@@ -10,10 +10,11 @@
  * Security:     speak only to Postfix: listen on loopback or a unix socket the Postfix user can reach.
  *               Packets are bounded (codec.ts); no message content is logged.
  */
-import { chmod, lstat, unlink } from 'node:fs/promises';
+
 import net from 'node:net';
 import type { Listen } from '../config/config.ts';
 import type { Log } from '../log.ts';
+import { listenOn } from '../net/listen.ts';
 import { MilterConnection } from './connection.ts';
 import type { MilterHandler } from './handler.ts';
 
@@ -53,26 +54,8 @@ export async function startMilterServer(options: MilterServerOptions): Promise<M
     socket.once('close', () => connections.delete(connection));
   });
 
-  if ('path' in options.listen) await removeStaleSocket(options.listen.path);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    if ('path' in options.listen) server.listen(options.listen.path);
-    else server.listen(options.listen.port, options.listen.host);
-    server.once('listening', () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-  // Postfix connects as its own user: the socket is open to all, the directory holding it is the
-  // access control (keep it reachable only by Postfix and this service).
-  if ('path' in options.listen) await chmod(options.listen.path, 0o666);
+  const { address } = await listenOn(server, options.listen, () => server.address());
   server.on('error', (error) => log({ level: 'error', msg: 'milter server error', error: error.message }));
-
-  const bound = server.address();
-  const address =
-    typeof bound === 'string' || bound === null
-      ? `unix:${bound ?? ''}`
-      : `inet:${bound.family === 'IPv6' ? `[${bound.address}]` : bound.address}:${bound.port}`;
 
   let closing: Promise<void> | undefined;
   const close = (): Promise<void> => {
@@ -89,24 +72,4 @@ export async function startMilterServer(options: MilterServerOptions): Promise<M
     return closing;
   };
   return { server, address, close };
-}
-
-/** Removes a unix socket file nobody listens on; refuses a live socket or a file that is not a socket. */
-async function removeStaleSocket(path: string): Promise<void> {
-  const stat = await lstat(path).catch((error: NodeJS.ErrnoException) => {
-    if (error.code === 'ENOENT') return undefined;
-    throw error;
-  });
-  if (!stat) return;
-  if (!stat.isSocket()) throw new Error(`${path} exists and is not a socket`);
-  const live = await new Promise<boolean>((resolve) => {
-    const probe = net.connect(path);
-    probe.once('connect', () => {
-      probe.destroy();
-      resolve(true);
-    });
-    probe.once('error', () => resolve(false));
-  });
-  if (live) throw new Error(`${path}: another process is listening on this socket`);
-  await unlink(path);
 }

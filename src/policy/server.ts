@@ -13,10 +13,11 @@
  * Security:    anyone who can connect can ask for decisions (and so learn which inboxes exist): listen on
  *              loopback or a unix socket reachable by Postfix only.
  */
-import { chmod, lstat, unlink } from 'node:fs/promises';
+
 import net from 'node:net';
-import { describeListen, type Listen } from '../config/config.ts';
+import type { Listen } from '../config/config.ts';
 import type { Log } from '../log.ts';
+import { listenOn } from '../net/listen.ts';
 import type { PolicyHandler } from './handler.ts';
 import { PolicySession } from './session.ts';
 
@@ -48,26 +49,7 @@ export async function startPolicyServer(options: {
   });
   server.on('error', (error) => log({ level: 'error', msg: 'policy listener error', error: error.stack }));
 
-  if ('path' in listen) await removeStaleSocket(listen.path);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    const ready = () => {
-      server.off('error', reject);
-      resolve();
-    };
-    if ('path' in listen) server.listen(listen.path, ready);
-    else server.listen(listen.port, listen.host, ready);
-  });
-
-  // Postfix connects as its own user: the socket is open to all, the directory holding it is the
-  // access control (keep it reachable only by Postfix and this service).
-  if ('path' in listen) await chmod(listen.path, 0o666);
-  const bound = server.address();
-  const port = typeof bound === 'object' && bound ? bound.port : undefined;
-  const address =
-    'path' in listen
-      ? describeListen(listen)
-      : describeListen({ host: listen.host, port: port ?? listen.port });
+  const { address, port } = await listenOn(server, listen, () => server.address());
 
   let closing: Promise<void> | undefined;
   const close = () => {
@@ -83,24 +65,4 @@ export async function startPolicyServer(options: {
     return closing;
   };
   return port === undefined ? { server, address, close } : { server, address, port, close };
-}
-
-/** Removes a socket file nobody listens on (left by a crash); refuses to touch anything else. */
-async function removeStaleSocket(path: string): Promise<void> {
-  const stat = await lstat(path).catch((error: NodeJS.ErrnoException) => {
-    if (error.code === 'ENOENT') return undefined;
-    throw error;
-  });
-  if (!stat) return;
-  if (!stat.isSocket()) throw new Error(`${path} exists and is not a socket`);
-  const live = await new Promise<boolean>((resolve) => {
-    const probe = net.connect(path);
-    probe.once('connect', () => {
-      probe.destroy();
-      resolve(true);
-    });
-    probe.once('error', () => resolve(false));
-  });
-  if (live) throw Object.assign(new Error(`${path}: a server is listening on it`), { code: 'EADDRINUSE' });
-  await unlink(path);
 }
