@@ -3,20 +3,21 @@
  * checks the policy daemon makes at RCPT and the milter makes again at end of data.
  */
 import { isExpired, isPurged, type LifecycleSettings } from './lifecycle.ts';
+import type { InboxRecord } from './model.ts';
 import type { DeliveryTarget } from './ports.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
 import type { Refusal } from './verdict.ts';
 
 /** The refusal for an inbox that takes no mail, or null for a live one. A purged inbox is "no such inbox". */
 export function closedInbox(
-  target: DeliveryTarget | undefined,
+  inbox: InboxRecord | undefined,
   now: Date,
   replies: SmtpReplies,
   lifecycle: LifecycleSettings,
 ): Refusal | null {
-  if (!target || isPurged(target.inbox, now, lifecycle)) return replies.noSuchInbox;
-  if (target.inbox.cancelledAt) return replies.inboxCancelled;
-  if (isExpired(target.inbox, now)) return replies.inboxExpired;
+  if (!inbox || isPurged(inbox, now, lifecycle)) return replies.noSuchInbox;
+  if (inbox.cancelledAt) return replies.inboxCancelled;
+  if (isExpired(inbox, now)) return replies.inboxExpired;
   return null;
 }
 

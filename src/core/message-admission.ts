@@ -14,8 +14,9 @@ import { newMessageId } from './ids.ts';
 import { closedInbox } from './inbox-gate.ts';
 import type { LifecycleSettings } from './lifecycle.ts';
 import { inboxIdOf } from './mail-address.ts';
+import type { InboxRecord } from './model.ts';
 import type { OptOuts } from './opt-outs.ts';
-import type { AuthVerdict, DeliveryTarget, InboxStore, MessageStore } from './ports.ts';
+import type { AuthVerdict, InboxStore, MessageStore } from './ports.ts';
 import { domainAndParents } from './sender-domains.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
 import { ACCEPT, type Refusal, type Verdict } from './verdict.ts';
@@ -78,10 +79,11 @@ export class MessageAdmission {
     const { auth } = facts;
     if (auth.dmarc.result === 'fail' && auth.dmarc.policy === 'reject') return this.#replies.dmarcFailed;
 
+    // The inboxes only: their usage is read under the inbox lock when reserving (reserveAll).
     const targets = await Promise.all(
       facts.recipients.map(async (recipient) => {
         const inboxId = inboxIdOf(recipient, this.#settings.mailDomain);
-        return inboxId ? this.#inboxes.findForDelivery(inboxId, now) : undefined;
+        return inboxId ? this.#inboxes.find(inboxId) : undefined;
       }),
     );
     const optedOut = auth.fromDomain ? await this.#optOuts.coveringEntry(auth.fromDomain) : null;
@@ -97,7 +99,7 @@ export class MessageAdmission {
           record: { reason: 'sender_opted_out', senderDomain: optedOut },
         };
       }
-      if (!admittedBySenderDomains(target as DeliveryTarget, authenticatedDomain)) {
+      if (!admittedBySenderDomains(target as InboxRecord, authenticatedDomain)) {
         return {
           verdict: this.#replies.senderNotAllowed,
           record: { reason: 'sender_not_allowed', senderDomain: authenticatedDomain },
@@ -116,9 +118,11 @@ export class MessageAdmission {
       facts.sizeBytes +
       Buffer.byteLength(`Authentication-Results: ${auth.headerValue}\r\n`) +
       RECEIVED_ALLOWANCE_BYTES;
+    // Every recipient was accepted above, so every inbox exists.
+    const inboxIds = [...new Set(targets.map((target) => (target as InboxRecord).inboxId))];
     const reserved = await this.#messages.reserveAll(
-      targets.map((target) => ({
-        inboxId: (target as DeliveryTarget).inbox.inboxId,
+      inboxIds.map((inboxId) => ({
+        inboxId,
         messageId: newMessageId(),
         queueId: facts.queueId,
         sizeBytes: reservedBytes,
@@ -127,7 +131,7 @@ export class MessageAdmission {
       })),
     );
     if (reserved.kind === 'reserved') return ACCEPT;
-    if (reserved.inboxIds.length < new Set(targets.map((t) => t?.inbox.inboxId)).size) {
+    if (reserved.inboxIds.length < inboxIds.length) {
       return this.#replies.recipientsDisagree;
     }
     const quota: Outcome = {
@@ -140,13 +144,13 @@ export class MessageAdmission {
 
   async #recordAll(
     facts: MessageFacts,
-    targets: (DeliveryTarget | undefined)[],
+    targets: (InboxRecord | undefined)[],
     outcome: Outcome,
     now: Date,
   ): Promise<void> {
     const { record } = outcome;
     if (!record) return;
-    const inboxIds = new Set(targets.flatMap((t) => (t ? [t.inbox.inboxId] : [])));
+    const inboxIds = new Set(targets.flatMap((t) => (t ? [t.inboxId] : [])));
     for (const inboxId of inboxIds) {
       await this.#messages.recordRejection(
         {
@@ -169,8 +173,8 @@ export class MessageAdmission {
  * Contract section 4 (provision): with a non-empty list, only mail whose authenticated `From:` domain
  * is listed, or is a subdomain of an entry, is taken.
  */
-function admittedBySenderDomains(target: DeliveryTarget, authenticatedDomain: string | null): boolean {
-  const listed = target.inbox.senderDomains;
+function admittedBySenderDomains(inbox: InboxRecord, authenticatedDomain: string | null): boolean {
+  const listed = inbox.senderDomains;
   if (listed.length === 0) return true;
   if (!authenticatedDomain) return false;
   return domainAndParents(authenticatedDomain).some((name) => listed.includes(name));

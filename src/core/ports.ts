@@ -70,6 +70,8 @@ export interface InboxStore {
    * downloaded messages not yet deleted), read together. Reads only.
    */
   findForDelivery(inboxId: string, asOf: Date): Promise<DeliveryTarget | undefined>;
+  /** The inbox, without its usage. Reads only. */
+  find(inboxId: string): Promise<InboxRecord | undefined>;
   /** Marks the inbox cancelled and deletes its messages; returns false for an unknown inbox. */
   cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined>;
 }

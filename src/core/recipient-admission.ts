@@ -112,7 +112,7 @@ export class RecipientAdmission {
     const now = this.#clock.now();
     const inboxId = inboxIdOf(request.recipient, this.#settings.mailDomain);
     const target = inboxId ? await this.#inboxes.findForDelivery(inboxId, now) : undefined;
-    const closed = closedInbox(target, now, this.#replies, this.#settings);
+    const closed = closedInbox(target?.inbox, now, this.#replies, this.#settings);
     if (closed || !target) return { verdict: closed ?? this.#replies.noSuchInbox };
 
     const senderDomain = domainOf(request.sender);

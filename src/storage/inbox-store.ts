@@ -138,6 +138,15 @@ export class PgInboxStore implements InboxStore {
     return row ? { inbox: toInbox(row), usedBytes: row.used_bytes } : undefined;
   }
 
+  async find(inboxId: string): Promise<InboxRecord | undefined> {
+    const [row] = await this.#db.rows<InboxRow>(
+      'inbox-find',
+      `SELECT ${INBOX_COLUMNS} FROM inboxes i WHERE i.inbox_id = $1`,
+      [inboxId],
+    );
+    return row ? toInbox(row) : undefined;
+  }
+
   async cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined> {
     return this.#db.transaction(async (client) => {
       const updated = await client.query<InboxRow>(
