@@ -39,13 +39,13 @@ type Token = { kind: 'word' | 'quoted' | ';' | '='; text: string; spaced: boolea
 /**
  * Splits an unfolded field value into words, quoted strings (unescaped), `;` and `=`. Comments (nested,
  * with `\` escapes; RFC 5322 section 3.2.2) count as whitespace; a `(` or `;` inside a quoted string is
- * text. Returns null for an unterminated comment or quoted string.
+ * text. Returns null for an unterminated comment or quoted string. Stops after `limit` tokens.
  */
-function tokenize(value: string): Token[] | null {
+function tokenize(value: string, limit = Number.POSITIVE_INFINITY): Token[] | null {
   const tokens: Token[] = [];
   let spaced = false;
   let i = 0;
-  while (i < value.length) {
+  while (i < value.length && tokens.length < limit) {
     const c = value[i] as string;
     if (c === ' ' || c === '\t' || c === '\r' || c === '\n') {
       spaced = true;
@@ -158,8 +158,19 @@ export function parseAuthenticationResults(value: string): AuthenticationResults
     if (!info) return null;
     results.push(info);
   }
-  // A quoted authserv-id is compared without surrounding spaces, as the milter's authservIdOf does.
+  // A quoted authserv-id is compared without surrounding spaces, as authservIdOf does.
   return { authservId: id.text.trim().toLowerCase(), results };
+}
+
+/**
+ * The lowercased authserv-id of a field value (its first word or quoted string, after comments and
+ * folding whitespace), or null. Reads nothing after it, so a field that claims an id and is malformed
+ * further on still names that id: the milter removes every field claiming ours (RFC 8601 section 5).
+ */
+export function authservIdOf(value: string): string | null {
+  const [first] = tokenize(value, 1) ?? [];
+  const id = first && (first.kind === 'word' || first.kind === 'quoted') ? first.text.trim() : '';
+  return id ? id.toLowerCase() : null;
 }
 
 /** The domain of `local@domain`, or the value itself when it is a bare domain; lowercase; null if empty. */

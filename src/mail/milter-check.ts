@@ -8,7 +8,7 @@
  */
 import { once } from 'node:events';
 import { PassThrough } from 'node:stream';
-import { authservIdOf } from '../core/authserv-id.ts';
+import { authservIdOf } from '../core/authentication-results.ts';
 import type { MessageAdmission } from '../core/message-admission.ts';
 import type { Authenticator, AuthVerdict } from '../core/ports.ts';
 import type {

@@ -8,6 +8,7 @@ import { generateKeyPairSync } from 'node:crypto';
 import { test } from 'node:test';
 import { authenticate, dkimSign } from 'mailauth';
 import {
+  authservIdOf,
   MAX_FIELD_CHARS,
   parseAuthenticationResults,
   readAuthentication,
@@ -104,6 +105,21 @@ for (const [name, field, expected] of CASES) {
     assert.deepEqual(read(field), expected);
   });
 }
+
+test('authservIdOf: the first word or quoted string, after comments, lowercased; nothing after it is read', () => {
+  const table: [string, string | null][] = [
+    [' mx.svc.test; dmarc=pass', 'mx.svc.test'],
+    [' (x) MX.SVC.TEST; dmarc=pass', 'mx.svc.test'],
+    [' mx.svc.test(trailing comment);spf=pass', 'mx.svc.test'],
+    ['\n\tmx.svc.test 1; dkim=pass', 'mx.svc.test'],
+    [' " mx.svc.test "; dmarc=pass', 'mx.svc.test'],
+    [' mx.svc.test; dmarc=pass (unterminated', 'mx.svc.test'],
+    [' ; dmarc=pass', null],
+    [' (only a comment)', null],
+    [' (unterminated', null],
+  ];
+  for (const [value, expected] of table) assert.equal(authservIdOf(value), expected, value);
+});
 
 test('authentication: our field below the first header field does not count', () => {
   const head = `Received: from x by y; Mon, 1 Jan 2024 00:00:00 +0000\r\nAuthentication-Results: ${OBSERVED}\r\n${BODY}`;
