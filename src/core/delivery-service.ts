@@ -27,7 +27,8 @@ import type { Log } from '../log.ts';
 import { readAuthentication } from './authentication-results.ts';
 import type { Clock } from './clock.ts';
 import { type BodyTee, readHead, Slots, teeBody } from './delivery-streams.ts';
-import { INBOX_ID, randomBase32 } from './ids.ts';
+import { randomBase32 } from './ids.ts';
+import { inboxIdOf } from './mail-address.ts';
 import { MAX_HEADER_BYTES, type MessageSummary, summarizeMessage } from './message-summary.ts';
 import type { DeliverySummary, MessageStore } from './ports.ts';
 import type { Refusal } from './verdict.ts';
@@ -134,7 +135,7 @@ export class DeliveryService {
     }
     // The null sender is ''; a NUL (which Postgres text refuses) would otherwise defer forever.
     const envelopeFrom = envelope.envelopeFrom.replaceAll('\0', '');
-    const inboxOf = envelope.recipients.map((address) => this.#inboxOf(address));
+    const inboxOf = envelope.recipients.map((address) => inboxIdOf(address, this.#mailDomain));
     const targets = [...new Set(inboxOf.filter((id): id is string => id !== null))];
     const storing = targets.slice(0, this.#slots.size);
     const outcomes = new Map<string, Outcome>(
@@ -237,13 +238,6 @@ export class DeliveryService {
   }
 
   /** The inbox id of `<inbox_id>@<mail domain>` (both compared lowercased), else null. */
-  #inboxOf(address: string): string | null {
-    const at = address.lastIndexOf('@');
-    const local = address.slice(0, Math.max(0, at)).toLowerCase();
-    if (at <= 0 || address.slice(at + 1).toLowerCase() !== this.#mailDomain) return null;
-    return INBOX_ID.test(local) ? local : null;
-  }
-
   /** The summary and authentication verdict; a parser bug degrades to the envelope, never to a 4xx loop. */
   #summarize(head: Buffer, envelopeFrom: string, queueId: string): DeliverySummary {
     let summary: MessageSummary = {
