@@ -10,6 +10,7 @@
  * record are NXDOMAIN, and so is every reverse name without a PTR. Needs root (port 53). stop() kills
  * the child, closes the black hole and removes the directory; it is safe to call twice.
  */
+
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createSocket, type Socket } from 'node:dgram';
 import { Resolver } from 'node:dns/promises';
@@ -17,6 +18,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { reverseName } from '../../src/mail/dns.ts';
 
 export interface DnsRecords {
   /** TXT: name → one string (split into 255-byte pieces as needed) or the pieces themselves. */
@@ -38,8 +40,6 @@ export interface Dnsmasq {
   logFile: string;
   stop(): Promise<void>;
 }
-
-export const reverseName = (ipv4: string): string => `${ipv4.split('.').reverse().join('.')}.in-addr.arpa`;
 
 /** One TXT value as dnsmasq's quoted character-strings of at most 255 bytes each. */
 function txtStrings(value: string | string[]): string {
