@@ -45,11 +45,11 @@ export class MilterCheck implements MilterHandler {
       helo: envelope.helo,
       envelopeFrom: envelope.envelopeFrom,
     });
-    auth.catch(() => {}); // observed in end(); a failure must not go unhandled while the body streams
-    const failed = auth.then(
-      () => new Promise<never>(() => {}),
-      (error: unknown) => Promise.reject(error),
-    );
+    // Settles only if authentication fails: a body chunk waiting for room then fails instead of
+    // waiting forever. Both are observed later (end(), body()); neither may go unhandled meanwhile.
+    const failed = auth.then(() => new Promise<never>(() => {}));
+    auth.catch(() => {});
+    failed.catch(() => {});
     stream.write(headerBlock);
 
     return {
