@@ -31,6 +31,7 @@ import { randomBase32 } from './ids.ts';
 import { inboxIdOf } from './mail-address.ts';
 import { MAX_HEADER_BYTES, type MessageSummary, summarizeMessage } from './message-summary.ts';
 import type { DeliverySummary, MessageStore } from './ports.ts';
+import { deliveryReplies } from './smtp-replies.ts';
 import type { Refusal } from './verdict.ts';
 
 export interface DeliveryEnvelope {
@@ -89,6 +90,7 @@ export class DeliveryService {
   readonly #clock: Clock;
   readonly #log: Log;
   readonly #mailDomain: string;
+  readonly #replies: ReturnType<typeof deliveryReplies>;
   readonly #authservId: string;
   readonly #maxHeaderBytes: number;
   readonly #stallMs: number;
@@ -107,6 +109,7 @@ export class DeliveryService {
     this.#clock = clock;
     this.#log = log;
     this.#mailDomain = settings.mailDomain.toLowerCase();
+    this.#replies = deliveryReplies(this.#mailDomain);
     this.#authservId = settings.authservId.toLowerCase();
     this.#maxHeaderBytes = settings.maxHeaderBytes ?? MAX_HEADER_BYTES;
     this.#stallMs = settings.stallMs ?? DEFAULT_STALL_MS;
@@ -286,19 +289,9 @@ export class DeliveryService {
       case 'discarded':
         return { kind: 'accept', dsn: '2.0.0', text: 'not stored: no such inbox' };
       case 'too_many':
-        return {
-          kind: 'defer',
-          code: 452,
-          dsn: '4.5.3',
-          text: `${this.#mailDomain}: too many recipients, try again later`,
-        };
+        return this.#replies.tooManyRecipients;
       case 'failed':
-        return {
-          kind: 'defer',
-          code: 451,
-          dsn: '4.3.0',
-          text: `${this.#mailDomain}: temporary failure storing the message, try again later`,
-        };
+        return this.#replies.storeFailed;
     }
   }
 }

@@ -39,8 +39,20 @@ export function smtpReplies({ mailDomain, abuseContact }: ReplySettings) {
     dmarcFailed: reject(550, '5.7.1', 'DMARC checks failed'),
     /** RFC 5321 4.5.3.1.9 / RFC 3463 5.3.4: over the fixed size limit (contract section 8: 25 MiB). */
     messageTooBig: reject(552, '5.3.4', 'Message size exceeds fixed maximum message size'),
-    /** Anything unexpected on our side: never a 5xx, never a lost message (STYLE 4). */
-    temporaryFailure: defer(451, '4.3.0', `${svc}: temporary failure, try again later`),
+    ...deliveryReplies(mailDomain),
+  });
+}
+
+/**
+ * The LMTP receiver's refusals, per recipient after Postfix queued the mail: only ever 4xx, so Postfix
+ * keeps the message and retries (DESIGN decision 1; STYLE 4: our trouble is never a 5xx).
+ */
+export function deliveryReplies(mailDomain: string) {
+  return Object.freeze({
+    /** The store failed (the database is down, say): Postfix redelivers later, nothing is lost. */
+    storeFailed: defer(451, '4.3.0', `${mailDomain}: temporary failure storing the message, try again later`),
+    /** More distinct inboxes in one delivery than it stores at once: Postfix resends the rest. */
+    tooManyRecipients: defer(452, '4.5.3', `${mailDomain}: too many recipients, try again later`),
   });
 }
 
