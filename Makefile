@@ -53,10 +53,11 @@ postgres:
 	for i in $$(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 1; done; \
 	echo "PostgreSQL did not come up on 127.0.0.1:5432"; exit 1
 
-## mail-tools: Postfix (our private instance), dnsmasq (the tests' DNS) and postgrey (bench-mail's
-## yardstick), from Debian's packages when missing. Postfix is preseeded to "No configuration" so the
-## package never starts a system Postfix on port 25.
-MAIL_PACKAGES := /usr/sbin/postfix:postfix /usr/sbin/dnsmasq:dnsmasq-base /usr/sbin/postgrey:postgrey
+## mail-tools: Postfix (our private instance), dnsmasq (the tests' DNS), swaks (the tests' SMTP client)
+## and postgrey (bench-mail's yardstick), from Debian's packages when missing. Postfix is preseeded to
+## "No configuration" so the package never starts a system Postfix on port 25.
+MAIL_PACKAGES := /usr/sbin/postfix:postfix /usr/sbin/dnsmasq:dnsmasq-base /usr/bin/swaks:swaks \
+	/usr/sbin/postgrey:postgrey
 mail-tools:
 	@missing=""; for pair in $(MAIL_PACKAGES); do [ -x "$${pair%%:*}" ] || missing="$$missing $${pair##*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \

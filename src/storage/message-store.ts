@@ -11,7 +11,6 @@ import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } 
 import { parseBinaryCopy } from './copy-binary.ts';
 import type { Database } from './database.ts';
 import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
-import { USAGE_WHERE } from './usage.ts';
 
 /** Bytes per stored chunk: bounds memory per delivery and per download (DESIGN decision 7). */
 export const CHUNK_BYTES = 256 * 1024;
@@ -66,7 +65,7 @@ export class PgMessageStore implements MessageStore {
   }
 
   async reserve(r: Reservation): Promise<'reserved' | 'exists' | 'over_quota'> {
-    const [outcome] = await this.#db.transaction((client) => reserveLocked(client, [r]));
+    const [outcome] = await this.#reserve([r]);
     return outcome ?? 'over_quota';
   }
 
@@ -76,21 +75,83 @@ export class PgMessageStore implements MessageStore {
     const ordered = [...reservations].sort((a, b) =>
       a.inboxId < b.inboxId ? -1 : a.inboxId > b.inboxId ? 1 : 0,
     );
-    try {
-      await this.#db.transaction(async (client) => {
-        const outcomes = await reserveLocked(client, ordered);
-        const full = ordered.filter((_, i) => outcomes[i] === 'over_quota').map((r) => r.inboxId);
-        // All or nothing: one full inbox undoes every reservation made in this transaction.
-        if (full.length > 0) throw new Rollback(full);
-      });
-      return { kind: 'reserved' };
-    } catch (error) {
-      if (error instanceof Rollback) return { kind: 'over_quota', inboxIds: error.inboxIds };
-      throw error;
-    }
+    const outcomes = await this.#reserve(ordered);
+    const full = ordered.filter((_, i) => outcomes[i] === 'over_quota').map((r) => r.inboxId);
+    return full.length > 0 ? { kind: 'over_quota', inboxIds: full } : { kind: 'reserved' };
   }
 
+  /**
+   * One round trip: reserve_messages (migrations/20261123000000_delivery_functions.ts) locks the inboxes
+   * in the order given, so that two multi-inbox reservations cannot deadlock, checks each, and reserves in
+   * all of them or in none (DESIGN decision 4).
+   */
+  async #reserve(ordered: Reservation[]): Promise<('reserved' | 'exists' | 'over_quota')[]> {
+    const [first] = ordered;
+    if (!first) return [];
+    if (ordered.some((r) => r.queueId !== first.queueId || r.envelopeFrom !== first.envelopeFrom))
+      throw new Error('the reservations of one delivery share its queue id and envelope sender');
+    const [row] = await this.#db.rows<{ outcomes: ('reserved' | 'exists' | 'over_quota')[] }>(
+      'reserve-messages',
+      'SELECT reserve_messages($1, $2, $3, $4, $5, $6) AS outcomes',
+      [
+        ordered.map((r) => r.inboxId),
+        ordered.map((r) => r.messageId),
+        first.queueId,
+        ordered.map((r) => r.sizeBytes),
+        first.envelopeFrom,
+        first.now,
+      ],
+    );
+    return row?.outcomes ?? [];
+  }
+
+  /**
+   * A message that fits in one chunk (most mail) is stored with one call, store_whole_message, once its
+   * bytes have arrived, so no connection waits on the sender; a larger one streams chunk by chunk inside
+   * a transaction. Either way the message becomes visible, with its event position, in the step that
+   * stores its last byte (DESIGN decision 8).
+   */
   async store(
+    d: Delivery,
+    body: AsyncIterable<Buffer>,
+  ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
+    const pieces = body[Symbol.asyncIterator]();
+    const head: Buffer[] = [];
+    let filled = 0;
+    while (filled <= CHUNK_BYTES) {
+      const next = await pieces.next();
+      if (next.done) return this.#storeWhole(d, Buffer.concat(head, filled));
+      head.push(next.value);
+      filled += next.value.length;
+    }
+    return this.#storeStreaming(d, prepended(head, pieces));
+  }
+
+  async #storeWhole(d: Delivery, data: Buffer): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
+    const [row] = await this.#db.rows<{ out_kind: 'stored' | 'duplicate'; out_message_id: string }>(
+      'delivery-store-whole',
+      'SELECT out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)',
+      [
+        d.inboxId,
+        newMessageId(),
+        d.queueId,
+        d.envelopeFrom,
+        d.now,
+        data,
+        CHUNK_BYTES,
+        createHash('sha256').update(data).digest(),
+        d.summary.fromName,
+        d.summary.fromAddress,
+        d.summary.subject,
+        d.summary.internetMessageId,
+        d.summary.authentication ? JSON.stringify(d.summary.authentication) : null,
+      ],
+    );
+    if (!row) throw new Error('store_whole_message returned no row');
+    return { kind: row.out_kind, messageId: row.out_message_id };
+  }
+
+  async #storeStreaming(
     d: Delivery,
     body: AsyncIterable<Buffer>,
   ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
@@ -314,63 +375,6 @@ export class PgMessageStore implements MessageStore {
   }
 }
 
-/** Thrown inside a transaction to roll it back on purpose. */
-class Rollback extends Error {
-  readonly inboxIds: string[];
-  constructor(inboxIds: string[] | string) {
-    super('rollback');
-    this.inboxIds = Array.isArray(inboxIds) ? inboxIds : [];
-  }
-}
-
-/**
- * Checks and reserves each reservation in turn inside the caller's transaction. The inbox row lock
- * makes check-and-reserve atomic, so concurrent deliveries cannot overfill an inbox (DESIGN decision 4);
- * callers pass reservations in inbox id order so that two multi-inbox reservations cannot deadlock.
- */
-async function reserveLocked(
-  client: pg.PoolClient,
-  reservations: Reservation[],
-): Promise<('reserved' | 'exists' | 'over_quota')[]> {
-  const outcomes: ('reserved' | 'exists' | 'over_quota')[] = [];
-  for (const r of reservations) {
-    const locked = await client.query<{ quota_bytes: number }>({
-      name: 'reserve-lock',
-      text: 'SELECT quota_bytes FROM inboxes WHERE inbox_id = $1 FOR UPDATE',
-      values: [r.inboxId],
-    });
-    const quota = locked.rows[0]?.quota_bytes;
-    if (quota === undefined) throw new Error(`no inbox ${r.inboxId}`);
-    // Read after the lock is held, in a new snapshot: it sees every reservation committed before ours.
-    const state = await client.query<{ present: boolean; used: number }>({
-      name: 'reserve-state',
-      text: `SELECT EXISTS (SELECT 1 FROM messages WHERE inbox_id = $1 AND queue_id = $2) AS present,
-               (SELECT coalesce(sum(size_bytes), 0)::int8 FROM messages
-                WHERE ${USAGE_WHERE('$1', '$3::timestamptz')}) AS used`,
-      values: [r.inboxId, r.queueId, r.now.toISOString()],
-    });
-    const { present = false, used = 0 } = state.rows[0] ?? {};
-    if (present) {
-      outcomes.push('exists');
-      continue;
-    }
-    if (used + r.sizeBytes > quota) {
-      outcomes.push('over_quota');
-      continue;
-    }
-    // Usage changes: the inbox's version moves (core/usage-cache.ts).
-    await client.query({
-      name: 'reserve-insert',
-      text: `WITH bumped AS (UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1)
-             INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
-             VALUES ($1, $2, $3, 'in_flight', $4, $5, $6)`,
-      values: [r.inboxId, r.messageId, r.queueId, r.sizeBytes, r.envelopeFrom, r.now.toISOString()],
-    });
-    outcomes.push('reserved');
-  }
-  return outcomes;
-}
-
 /**
  * Wraps an UPDATE ... RETURNING of one inbox's rows ($1 is the inbox id) so that, in the same statement,
  * the inbox's version is bumped when any row changed (core/poll-cache.ts); returns the UPDATE's rows.
@@ -431,4 +435,14 @@ async function writeChunks(
   }
   if (filled > 0) await flush();
   return { size, sha256: hash.digest() };
+}
+
+/** The pieces already read, then the rest of the stream. */
+async function* prepended(head: Buffer[], rest: AsyncIterator<Buffer>): AsyncIterable<Buffer> {
+  try {
+    yield* head;
+    for (let next = await rest.next(); !next.done; next = await rest.next()) yield next.value;
+  } finally {
+    await rest.return?.();
+  }
 }

@@ -32,6 +32,7 @@ import { freePort } from '../support/sender-postfix.ts';
 
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 const DB_NAME = 'inbox_mail_bench';
+const SOCKETS = process.env.BENCH_SOCKETS === '1';
 const SESSIONS = Number(process.env.BENCH_SESSIONS ?? 20);
 const CASES = [
   { name: '10 KiB', bytes: 10 * 1024, count: Number(process.env.BENCH_SMALL_COUNT ?? 2000), target: 0.5 },
@@ -55,21 +56,23 @@ async function main(): Promise<void> {
   await admin.end();
   await migrate(dbUrl.toString());
 
+  const socketDir = await mkdtemp(join(tmpdir(), 'mail-bench-sockets-'));
+  await chmod(socketDir, 0o755);
   const dns = await startDnsmasq({ records: testZone().records });
   const [policyPort, milterPort, lmtpPort, sinkPort, smtpPort] = await Promise.all(
     Array.from({ length: 5 }, () => freePort()),
   );
   const env: Record<string, string> = {
     ENVIRONMENT: 'dev',
-    DATABASE_URL: dbUrl.toString(),
+    DATABASE_URL: SOCKETS ? `postgres://postgres@/${DB_NAME}?host=/var/run/postgresql` : dbUrl.toString(),
     SECRET_KEY: 'mail-bench-secret-key-0123456789abcdef',
     MAIL_DOMAIN: 'svc.test',
     AUTHSERV_ID: 'mx.svc.test',
     DNS_SERVERS: dns.address,
     QUOTA_BYTES: String(100 * 1024 ** 3),
-    POLICY_PORT: String(policyPort),
-    MILTER_PORT: String(milterPort),
-    LMTP_PORT: String(lmtpPort),
+    POLICY_PORT: SOCKETS ? join(socketDir, 'policy.sock') : String(policyPort),
+    MILTER_PORT: SOCKETS ? join(socketDir, 'milter.sock') : String(milterPort),
+    LMTP_PORT: SOCKETS ? join(socketDir, 'lmtp.sock') : String(lmtpPort),
     SMTP_PORT: String(smtpPort),
   };
   const config = loadConfig(env) as Config & { secretKey: string };
