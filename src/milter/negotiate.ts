@@ -13,11 +13,14 @@
  *   defaults already bring `i` with DATA, each header, EOH, BODY and EOM (MAIL-FACTS C.7).
  * - SMFIP_HDR_LEADSPC: header values arrive with the space after the colon, so a rebuilt message keeps
  *   DKIM simple canonicalization intact (MAIL-FACTS C.6); required, we refuse an MTA without it.
- * - NR_CONN, NR_HELO, NR_DATA, NR_UNKN, NR_HDR: events we only record; no reply, no round trip.
- * - We still reply to MAIL and RCPT (always `c`; room for RCPT-time answers later), to EOH (a handler
- *   that cannot begin fails the message there, and Postfix stops sending its content), and to each
- *   BODY chunk (`c` only after the consumer took it: flow control Postfix waits on, rather than filling
- *   socket buffers; and a failed chunk is answered `t` at once). EOM always needs a reply.
+ * - NR_CONN, NR_HELO, NR_MAIL, NR_RCPT, NR_DATA, NR_UNKN, NR_HDR: events we only record; no reply, no
+ *   round trip (every RCPT-time decision is the policy daemon's, DESIGN table). Each reply costs a
+ *   round trip with Postfix's smtpd: NR_MAIL and NR_RCPT take two of the five from a one-recipient
+ *   message.
+ * - We still reply to EOH (a handler that cannot begin fails the message there, and Postfix stops
+ *   sending its content), and to each BODY chunk (`c` only after the consumer took it: flow control
+ *   Postfix waits on, rather than filling socket buffers; and a failed chunk is answered `t` at once).
+ *   EOM always needs a reply.
  * - Not NOCONNECT/NOHELO/NOMAIL/NORCPT/NOHDRS/NOEOH/NOBODY: the core needs all of it. Not SKIP: we never
  *   skip body chunks. Not RCPT_REJ: rejected recipients are none of our business.
  */
@@ -42,7 +45,14 @@ export const SMFIP_HDR_LEADSPC = 1 << 20;
 
 export const REQUIRED_ACTIONS = SMFIF_ADDHDRS | SMFIF_CHGHDRS;
 export const WANTED_PROTOCOL =
-  SMFIP_HDR_LEADSPC | SMFIP_NR_CONN | SMFIP_NR_HELO | SMFIP_NR_DATA | SMFIP_NR_UNKN | SMFIP_NR_HDR;
+  SMFIP_HDR_LEADSPC |
+  SMFIP_NR_CONN |
+  SMFIP_NR_HELO |
+  SMFIP_NR_MAIL |
+  SMFIP_NR_RCPT |
+  SMFIP_NR_DATA |
+  SMFIP_NR_UNKN |
+  SMFIP_NR_HDR;
 
 export interface Negotiation {
   version: number;

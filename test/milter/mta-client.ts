@@ -158,25 +158,22 @@ export class MtaClient {
   }
 }
 
-/** The events Postfix sends for CONNECT, HELO, MAIL and RCPT, with their replies read (NR_CONN and
- * NR_HELO negotiated: MAIL and each RCPT get one `c`). */
+/** The events Postfix sends for CONNECT, HELO, MAIL and RCPT. The milter negotiated no reply to any of
+ * them (NR_CONN, NR_HELO, NR_MAIL, NR_RCPT): a stray reply would be read in place of the next one. */
 export async function envelope(
   mta: MtaClient,
   from = '<s@allowed.test>',
   recipients = ['<good@svc.test>'],
   mailArgs: string[] = ['SIZE=1234'],
-): Promise<string[]> {
+): Promise<void> {
   mta.macros('C', { j: 'mx.svc.test', '{daemon_name}': 'mx.svc.test', v: 'Postfix 3.7.11' });
   mta.connectInfo('mail.sender.test', '127.0.0.3');
   mta.macros('H', {});
   mta.helo('mail.sender.test');
   mta.macros('M', { '{mail_addr}': from.slice(1, -1), '{mail_mailer}': 'smtp' });
   mta.mail(from, ...mailArgs);
-  const replies = [show(await mta.read())];
   for (const rcpt of recipients) {
     mta.macros('R', { '{rcpt_addr}': rcpt.slice(1, -1), '{rcpt_mailer}': 'lmtp' });
     mta.rcpt(rcpt);
-    replies.push(show(await mta.read()));
   }
-  return replies;
 }
