@@ -32,6 +32,7 @@ import {
 import type { Listen } from '../config/config.ts';
 import type { DeliveryService, DeliveryVerdict } from '../core/delivery-service.ts';
 import type { Log } from '../log.ts';
+import { coalesceWrites } from '../net/coalesce-writes.ts';
 import { listenOn } from '../net/listen.ts';
 
 export const CLOSE_GRACE_MS = 30_000;
@@ -115,6 +116,8 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     },
   });
   server.on('error', (error) => log({ level: 'error', msg: 'lmtp listener error', error: error.message }));
+  // One syscall for the replies to a pipelined XFORWARD, MAIL, RCPT and DATA, not four.
+  server.server.on('connection', coalesceWrites);
 
   async function onData(
     stream: SMTPServerDataStream,
