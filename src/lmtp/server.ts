@@ -34,6 +34,7 @@ import type { DeliveryService, DeliveryVerdict } from '../core/delivery-service.
 import type { Log } from '../log.ts';
 import { coalesceWrites } from '../net/coalesce-writes.ts';
 import { listenOn } from '../net/listen.ts';
+import { paceBufferGarbage } from './buffer-pacer.ts';
 
 export const CLOSE_GRACE_MS = 30_000;
 
@@ -153,6 +154,7 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
   }
 
   const { address, port } = await listenOn(server, listen, () => server.server.address());
+  const pacer = paceBufferGarbage();
 
   const close = () => {
     closing ??= (async () => {
@@ -168,6 +170,7 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
         connection.close();
       }
       await stopped;
+      pacer.stop();
     })();
     return closing;
   };

@@ -233,7 +233,7 @@ test('milter: an end-of-message verdict in flight at SIGTERM is sent, then the c
   const mta = await MtaClient.connect(milter.address);
   await mta.negotiate();
   const rcpt = `<${inbox.inbox_id}@${MAIL_DOMAIN}>`;
-  assert.deepEqual(await envelope(mta, '<someone@sender.test>', [rcpt]), ['c', 'c']);
+  await envelope(mta, '<someone@sender.test>', [rcpt]);
   mta.macros('T', { i: 'OPSM1' });
   mta.data();
   mta.macros('L', { i: 'OPSM1' });
