@@ -12,6 +12,7 @@
  */
 import type { Socket } from 'node:net';
 import type { Log } from '../log.ts';
+import { coalesceWrites } from '../net/coalesce-writes.ts';
 import { FrameDecoder, MilterProtocolError, type Packet } from './codec.ts';
 import type { MilterHandler } from './handler.ts';
 import { MilterSession } from './session.ts';
@@ -40,6 +41,8 @@ export class MilterConnection {
 
   constructor(socket: Socket, options: MilterConnectionOptions) {
     this.#socket = socket;
+    // Replies sent in one tick (header edits, then continue) leave in one write.
+    coalesceWrites(socket);
     this.#log = options.log;
     this.#id = options.id;
     this.#session = new MilterSession({ ...options, send: (reply) => this.#write(reply) });
@@ -109,19 +112,8 @@ export class MilterConnection {
     this.#socket.resume();
   }
 
-  #corked = false;
-
   #write(reply: Buffer): void {
     if (this.#socket.destroyed || !this.#socket.writable) return;
-    // Replies sent in one tick (header edits, then continue) leave in one write.
-    if (!this.#corked) {
-      this.#corked = true;
-      this.#socket.cork();
-      process.nextTick(() => {
-        this.#corked = false;
-        this.#socket.uncork();
-      });
-    }
     this.#socket.write(reply);
   }
 
