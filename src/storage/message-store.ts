@@ -140,11 +140,7 @@ export class PgMessageStore implements MessageStore {
         data,
         CHUNK_BYTES,
         createHash('sha256').update(data).digest(),
-        d.summary.fromName,
-        d.summary.fromAddress,
-        d.summary.subject,
-        d.summary.internetMessageId,
-        d.summary.authentication ? JSON.stringify(d.summary.authentication) : null,
+        ...summaryValues(d),
       ],
     );
     if (!row) throw new Error('store_whole_message returned no row');
@@ -157,54 +153,27 @@ export class PgMessageStore implements MessageStore {
   ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
     const db = this.#db;
     return db.transaction(async (client) => {
-      await db.rows(
-        'delivery-insert',
-        `INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
-         VALUES ($1, $2, $3, 'in_flight', 0, $4, $5) ON CONFLICT (inbox_id, queue_id) DO NOTHING`,
+      const [row] = await db.rows<{ out_message_id: string; out_state: string }>(
+        'delivery-begin',
+        'SELECT out_message_id, out_state FROM begin_delivery($1, $2, $3, $4, $5)',
         [d.inboxId, newMessageId(), d.queueId, d.envelopeFrom, d.now],
         client,
       );
-      // Locks this delivery's row: a concurrent redelivery of the same queue id waits, then sees 'stored'.
-      const [row] = await db.rows<{ message_id: string; state: string }>(
-        'delivery-lock',
-        'SELECT message_id, state FROM messages WHERE inbox_id = $1 AND queue_id = $2 FOR UPDATE',
-        [d.inboxId, d.queueId],
-        client,
-      );
-      if (!row) throw new Error('delivery row missing after insert');
-      if (row.state !== 'in_flight') {
+      if (!row) throw new Error('begin_delivery returned no row');
+      if (row.out_state !== 'in_flight') {
         for await (const _ of body) {
           // drain: the caller's stream must be consumed even when nothing is stored
         }
-        return { kind: 'duplicate' as const, messageId: row.message_id };
+        return { kind: 'duplicate' as const, messageId: row.out_message_id };
       }
-      const { size, sha256 } = await writeChunks(client, d.inboxId, row.message_id, body);
-      // The next event position and the message's visibility, in one statement (DESIGN decision 8).
+      const { size, sha256 } = await writeChunks(client, d.inboxId, row.out_message_id, body);
       await db.rows(
-        'delivery-stored',
-        `WITH seq AS (
-           UPDATE inboxes SET event_seq = event_seq + 1, version = version + 1 WHERE inbox_id = $1
-           RETURNING event_seq)
-         UPDATE messages SET state = 'stored', size_bytes = $3, chunk_bytes = $4, sha256 = $5, from_name = $6,
-           from_address = $7, subject = $8, internet_message_id = $9, authentication = $10, received_at = $11,
-           position = (SELECT event_seq FROM seq)
-         WHERE inbox_id = $1 AND message_id = $2`,
-        [
-          d.inboxId,
-          row.message_id,
-          size,
-          CHUNK_BYTES,
-          sha256,
-          d.summary.fromName,
-          d.summary.fromAddress,
-          d.summary.subject,
-          d.summary.internetMessageId,
-          d.summary.authentication ? JSON.stringify(d.summary.authentication) : null,
-          d.now,
-        ],
+        'delivery-finish',
+        'SELECT finish_delivery($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)',
+        [d.inboxId, row.out_message_id, size, CHUNK_BYTES, sha256, ...summaryValues(d), d.now],
         client,
       );
-      return { kind: 'stored' as const, messageId: row.message_id };
+      return { kind: 'stored' as const, messageId: row.out_message_id };
     });
   }
 
@@ -435,6 +404,18 @@ async function writeChunks(
   }
   if (filled > 0) await flush();
   return { size, sha256: hash.digest() };
+}
+
+/** A delivery's summary as the delivery functions take it: from name, address, subject, id, authentication. */
+function summaryValues(d: Delivery): unknown[] {
+  const { fromName, fromAddress, subject, internetMessageId, authentication } = d.summary;
+  return [
+    fromName,
+    fromAddress,
+    subject,
+    internetMessageId,
+    authentication ? JSON.stringify(authentication) : null,
+  ];
 }
 
 /** The pieces already read, then the rest of the stream. */
