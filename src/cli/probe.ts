@@ -16,6 +16,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { ConfigError, loadConfig } from '../config/config.ts';
+import { runCli } from './run-cli.ts';
 
 /** One attempt may take this long, so a health check never outlives Docker's timeout. */
 const PROBE_TIMEOUT_MS = 3000;
@@ -133,14 +134,4 @@ async function main(argv: string[]): Promise<number> {
   return failures.size === 0 ? 0 : 1;
 }
 
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (error: unknown) => {
-    if (error instanceof ConfigError) {
-      process.stderr.write(`configuration error: ${error.message}\n`);
-      process.exit(78);
-    }
-    process.stderr.write(`probe: ${error instanceof Error ? error.stack : String(error)}\n`);
-    process.exit(1);
-  },
-);
+runCli('probe', () => main(process.argv.slice(2)));

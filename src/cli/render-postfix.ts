@@ -21,6 +21,7 @@ import { parseArgs } from 'node:util';
 import { ConfigError, describeListen, loadConfig } from '../config/config.ts';
 import { writeConfigFile } from '../postfix/instance.ts';
 import { renderPostfix } from '../postfix/render.ts';
+import { runCli } from './run-cli.ts';
 
 const USAGE =
   'usage: node src/cli/render-postfix.ts --config-directory DIR --queue-directory DIR --data-directory DIR --maillog-file PATH';
@@ -85,14 +86,4 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-main(process.argv.slice(2)).then(
-  (code) => process.exit(code),
-  (error: unknown) => {
-    if (error instanceof ConfigError) {
-      process.stderr.write(`configuration error: ${error.message}\n`);
-      process.exit(78);
-    }
-    process.stderr.write(`render-postfix: ${error instanceof Error ? error.message : String(error)}\n`);
-    process.exit(1);
-  },
-);
+runCli('render-postfix', () => main(process.argv.slice(2)));
