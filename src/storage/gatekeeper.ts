@@ -25,7 +25,14 @@ export interface BucketSettings {
 const ELIGIBLE = `c.inbox_id = $3 AND c.cancelled_at IS NULL AND (NOT $4::boolean OR c.role = 'owner')
   AND c.expires_at > $5::timestamptz`;
 
-const ADMIT_SQL = `
+/**
+ * Whether the usage is wanted: asked for, and not already held for this version. Inside the lateral
+ * subquery it mentions no column of `messages`, so Postgres makes it a one-time filter and skips the
+ * scan altogether when it is false (as a join condition it ran the aggregate and then discarded it).
+ */
+const WANTS_USAGE = '($9::boolean AND c.version IS DISTINCT FROM $10::int8)';
+
+export const ADMIT_SQL = `
   WITH c AS (
     SELECT c.role, ${INBOX_COLUMNS}
     FROM credentials c JOIN inboxes i USING (inbox_id)
@@ -39,22 +46,24 @@ const ADMIT_SQL = `
       WHERE greatest(b.tat, $6::timestamptz) + make_interval(secs => $7) <= $6::timestamptz + make_interval(secs => $8)
     RETURNING tat
   )
-  SELECT c.*, (${ELIGIBLE}) AS eligible, t.tat AS taken_tat,
+  SELECT c.*, (${ELIGIBLE}) AS eligible, t.tat AS taken_tat, ${WANTS_USAGE} AS with_usage,
     u.message_count, u.quota_used_bytes, u.changes_at
   FROM c LEFT JOIN take t ON true
-  LEFT JOIN LATERAL (
+  CROSS JOIN LATERAL (
     SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes,
       min(delete_after) AS changes_at
     FROM messages
-    WHERE ${USAGE_WHERE('c.inbox_id', 'least($6::timestamptz, c.expires_at)')}
-  ) u ON $9::boolean AND c.version IS DISTINCT FROM $10::int8`;
+    WHERE ${WANTS_USAGE} AND ${USAGE_WHERE('c.inbox_id', 'least($6::timestamptz, c.expires_at)')}
+  ) u`;
 
 type AdmitRow = InboxRow & {
   role: 'owner' | 'reader';
   eligible: boolean;
   taken_tat: Date | null;
-  message_count: number | null;
-  quota_used_bytes: number | null;
+  /** The aggregate always gives a row; its counts mean something only when with_usage. */
+  with_usage: boolean;
+  message_count: number;
+  quota_used_bytes: number;
   changes_at: Date | null;
 };
 
@@ -85,7 +94,7 @@ export class PgGatekeeper implements Gatekeeper {
     ]);
     if (!row) return undefined;
     const admission: Admission = { role: row.role, inbox: toInbox(row), bucket: 'skipped' };
-    if (row.message_count !== null && row.quota_used_bytes !== null) {
+    if (row.with_usage) {
       admission.usage = {
         messageCount: row.message_count,
         quotaUsedBytes: row.quota_used_bytes,

@@ -8,9 +8,11 @@ import type { AddressInfo } from 'node:net';
 import { after, before, test } from 'node:test';
 import { buildContainer, TOKENS } from '../../src/container.ts';
 import { newMessageId } from '../../src/core/ids.ts';
+import { hashCredential } from '../../src/core/secrets.ts';
 import { createApp } from '../../src/http/app.ts';
 import type { HttpServices } from '../../src/http/services.ts';
 import type { Database } from '../../src/storage/database.ts';
+import { ADMIT_SQL } from '../../src/storage/gatekeeper.ts';
 import { ApiClient, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
@@ -140,4 +142,33 @@ test('usage kept by one process drops when a message downloaded through another 
   const gone = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token });
   assert.equal(gone.json.message_count, 0);
   assert.equal(gone.json.quota_used_bytes, 0);
+});
+
+test('usage the process already holds for the inbox version costs no scan of its messages', async () => {
+  const inbox = await h.provision();
+  await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\nbody\r\n');
+  const db = h.container.resolve<Database>(TOKENS.Database);
+  const [{ version }] = (
+    await db.pool.query('SELECT version FROM inboxes WHERE inbox_id = $1', [inbox.inbox_id])
+  ).rows as [{ version: number }];
+  const now = h.clock.now();
+  const explain = (knownVersion: number | null) =>
+    db.withClient(async (client) => {
+      await client.query(`PREPARE admit_probe AS ${ADMIT_SQL}`);
+      try {
+        // EXECUTE takes no bind parameters: the values go in as literals.
+        const hash = hashCredential(inbox.credentials.reader).toString('hex');
+        const result = await client.query(
+          `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE admit_probe('\\x${hash}', 'poll',
+            '${inbox.inbox_id}', false, '${now.toISOString()}', '${now.toISOString()}', 0.001, 1, true, ${knownVersion})`,
+        );
+        const plan = result.rows.map((r: Record<string, string>) => String(r['QUERY PLAN']));
+        return plan.find((line) => / on messages\b/.test(line)) ?? '';
+      } finally {
+        await client.query('DEALLOCATE admit_probe');
+      }
+    });
+  assert.match(await explain(version), /never executed/);
+  assert.doesNotMatch(await explain(version - 1), /never executed/);
+  assert.doesNotMatch(await explain(null), /never executed/);
 });
