@@ -4,11 +4,15 @@
  * The authserv-id is AUTHSERV_ID; DNS goes through our resolver (DNS_SERVERS). ARC is evaluated and
  * reported; BIMI is off (it would fetch logos over HTTPS). A DNS failure becomes a `temperror` result
  * inside mailauth, never an exception; anything mailauth throws is the caller's temporary failure.
+ * Loading this module swaps mailauth's byte-by-byte line-break pass for fast-linebreaks.ts.
  */
 import { Readable } from 'node:stream';
 import { authenticate } from 'mailauth';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
 import type { CachingLookup } from './dns.ts';
+import { installFastLinebreaks } from './fast-linebreaks.ts';
+
+installFastLinebreaks();
 
 export class MailauthAuthenticator implements Authenticator {
   readonly #authservId: string;
