@@ -65,7 +65,7 @@ export const TOKENS = {
 export interface ContainerOptions {
   clock?: Clock;
   log?: Log;
-  /** Connections in the pool (default 20). */
+  /** Connections in the pool (default 10; main.ts gives 20 to the all-in-one process). */
   poolSize?: number;
 }
 

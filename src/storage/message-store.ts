@@ -37,25 +37,28 @@ export const LIST_EVENTS_SQL = `
    WHERE r.inbox_id = $1 AND r.position > $2 AND (r.listed_at IS NULL OR r.listed_at > $6)
    ORDER BY r.position LIMIT $3)`;
 
-interface EventRow {
+/** A listed event: a message's listing columns (as MessageRow types them) or a rejection's. */
+type EventRow = Pick<
+  MessageRow,
+  | 'size_bytes'
+  | 'envelope_from'
+  | 'listed_at'
+  | 'message_id'
+  | 'from_name'
+  | 'from_address'
+  | 'subject'
+  | 'internet_message_id'
+  | 'authentication'
+  | 'received_at'
+  | 'downloaded_at'
+  | 'delete_after'
+> & {
   kind: 'message' | 'rejection';
   position: number;
-  size_bytes: number;
-  envelope_from: string;
-  listed_at: Date | null;
-  message_id: string;
-  from_name: string | null;
-  from_address: string | null;
-  subject: string | null;
-  internet_message_id: string | null;
-  authentication: MessageRecord['authentication'];
-  received_at: Date | null;
-  downloaded_at: Date | null;
-  delete_after: Date | null;
   at: Date;
   reason: RejectionReason;
   sender_domain: string | null;
-}
+};
 
 export class PgMessageStore implements MessageStore {
   readonly #db: Database;
