@@ -12,6 +12,7 @@
  * Buckets live in an UNLOGGED table: no WAL flush per request; a crash only forgives some requests.
  */
 import type { Admission, AdmissionRequest, Bucket, Gatekeeper } from '../core/ports.ts';
+import { AdmitBatcher } from './admit-batch.ts';
 import type { Database } from './database.ts';
 import { INBOX_COLUMNS, type InboxRow, toInbox } from './rows.ts';
 import { USAGE_WHERE } from './usage.ts';
@@ -70,23 +71,25 @@ type AdmitRow = InboxRow & {
 export class PgGatekeeper implements Gatekeeper {
   readonly #db: Database;
   readonly #buckets: Record<Bucket, BucketSettings>;
+  readonly #batcher: AdmitBatcher<AdmitRow>;
 
   constructor(db: Database, buckets: Record<Bucket, BucketSettings>) {
     this.#db = db;
     this.#buckets = buckets;
+    this.#batcher = new AdmitBatcher<AdmitRow>(db, ADMIT_SQL);
   }
 
   async admit(request: AdmissionRequest): Promise<Admission | undefined> {
     const bucket = request.take ? request.bucket : null;
     const settings = this.#buckets[request.bucket ?? 'poll'];
     const interval = 1 / settings.perSecond;
-    const [row] = await this.#db.rows<AdmitRow>('admit', ADMIT_SQL, [
+    const row = await this.#batcher.admit([
       request.credentialHash,
       bucket,
       request.inboxId,
       request.ownerOnly,
-      request.purgeCutoff,
-      request.now,
+      request.purgeCutoff.toISOString(),
+      request.now.toISOString(),
       interval,
       settings.burst * interval,
       request.withUsage,
