@@ -47,6 +47,27 @@ test('readHead stops at maxBytes and returns what did not fit as leftover', asyn
   assert.equal(head.leftover?.toString(), 'cdefghij\r\n\r\n');
 });
 
+test('readHead keeps a first piece that holds the header block as it is, with no copy', async () => {
+  const first = Buffer.from('Subject: x\r\n\r\nbody');
+  const { iterator } = counted([first, Buffer.from('more')]);
+  const head = await readHead(iterator, 256 * 1024);
+  assert.equal(head.bytes.toString(), 'Subject: x\r\n\r\nbody');
+  assert.equal(head.bytes.buffer, first.buffer, 'the same memory');
+  assert.equal(head.bytes.byteOffset, first.byteOffset);
+});
+
+test('readHead over many pieces holds about what it read, not maxBytes', async () => {
+  const lines = Array.from({ length: 6 }, (_, i) => Buffer.from(`X-${i}: ${'v'.repeat(4990)}\r\n`));
+  const { iterator } = counted([...lines, Buffer.from('\r\nbody')]);
+  const head = await readHead(iterator, 256 * 1024);
+  assert.equal(head.bytes.toString(), `${Buffer.concat(lines).toString()}\r\nbody`);
+  const read = head.bytes.length;
+  assert.ok(
+    head.bytes.buffer.byteLength < 2 * read,
+    `${head.bytes.buffer.byteLength} bytes held for ${read}`,
+  );
+});
+
 test('readHead on a message shorter than its header block reports the end of the source', async () => {
   const { iterator } = counted([Buffer.from('Subject: no body')]);
   const head = await readHead(iterator, 1024);
