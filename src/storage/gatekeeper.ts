@@ -1,8 +1,8 @@
 /**
  * gatekeeper - one round trip per request for contract section 4's checks 1 and 3 to 6: find the
  * credential's inbox and, only when the request may proceed, take a token from the inbox's rate
- * bucket (GCRA: each bucket keeps one "theoretical arrival time", tat; a request is allowed when tat,
- * after adding one emission interval, is at most `burst` intervals ahead of now). Optionally the
+ * bucket (GCRA; the statements are in admit-sql.ts, sent one or several at a time by admit-batch.ts).
+ * Optionally the
  * inbox's usage comes back in the same statement, unless the caller already holds it for the inbox's
  * current version (core/usage-cache.ts).
  *
@@ -14,48 +14,12 @@
 import type { Admission, AdmissionRequest, Bucket, Gatekeeper } from '../core/ports.ts';
 import { AdmitBatcher } from './admit-batch.ts';
 import type { Database } from './database.ts';
-import { INBOX_COLUMNS, type InboxRow, toInbox } from './rows.ts';
-import { USAGE_WHERE } from './usage.ts';
+import { type InboxRow, toInbox } from './rows.ts';
 
 export interface BucketSettings {
   burst: number;
   perSecond: number;
 }
-
-/** Steps 3 to 5 as the core checks them: own inbox, not cancelled, role allowed, not purged. */
-const ELIGIBLE = `c.inbox_id = $3 AND c.cancelled_at IS NULL AND (NOT $4::boolean OR c.role = 'owner')
-  AND c.expires_at > $5::timestamptz`;
-
-/**
- * Whether the usage is wanted: asked for, and not already held for this version. Inside the lateral
- * subquery it mentions no column of `messages`, so Postgres makes it a one-time filter and skips the
- * scan altogether when it is false (as a join condition it ran the aggregate and then discarded it).
- */
-const WANTS_USAGE = '($9::boolean AND c.version IS DISTINCT FROM $10::int8)';
-
-export const ADMIT_SQL = `
-  WITH c AS (
-    SELECT c.role, ${INBOX_COLUMNS}
-    FROM credentials c JOIN inboxes i USING (inbox_id)
-    WHERE c.credential_hash = $1
-  ), take AS (
-    INSERT INTO rate_buckets AS b (inbox_id, bucket, tat)
-    SELECT c.inbox_id, $2, $6::timestamptz + make_interval(secs => $7) FROM c
-    WHERE $2::text IS NOT NULL AND ${ELIGIBLE}
-    ON CONFLICT (inbox_id, bucket) DO UPDATE
-      SET tat = greatest(b.tat, $6::timestamptz) + make_interval(secs => $7)
-      WHERE greatest(b.tat, $6::timestamptz) + make_interval(secs => $7) <= $6::timestamptz + make_interval(secs => $8)
-    RETURNING tat
-  )
-  SELECT c.*, (${ELIGIBLE}) AS eligible, t.tat AS taken_tat, ${WANTS_USAGE} AS with_usage,
-    u.message_count, u.quota_used_bytes, u.changes_at
-  FROM c LEFT JOIN take t ON true
-  CROSS JOIN LATERAL (
-    SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes,
-      min(delete_after) AS changes_at
-    FROM messages
-    WHERE ${WANTS_USAGE} AND ${USAGE_WHERE('c.inbox_id', 'least($6::timestamptz, c.expires_at)')}
-  ) u`;
 
 type AdmitRow = InboxRow & {
   role: 'owner' | 'reader';
@@ -76,7 +40,7 @@ export class PgGatekeeper implements Gatekeeper {
   constructor(db: Database, buckets: Record<Bucket, BucketSettings>) {
     this.#db = db;
     this.#buckets = buckets;
-    this.#batcher = new AdmitBatcher<AdmitRow>(db, ADMIT_SQL);
+    this.#batcher = new AdmitBatcher<AdmitRow>(db);
   }
 
   async admit(request: AdmissionRequest): Promise<Admission | undefined> {

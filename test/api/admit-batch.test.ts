@@ -10,7 +10,7 @@ import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { Admission, AdmissionRequest } from '../../src/core/ports.ts';
 import { hashCredential } from '../../src/core/secrets.ts';
-import { ADMIT_BATCH_SQL } from '../../src/storage/admit-batch.ts';
+import { ADMIT_BATCH_SQL } from '../../src/storage/admit-sql.ts';
 import { Database } from '../../src/storage/database.ts';
 import { PgGatekeeper } from '../../src/storage/gatekeeper.ts';
 import { type Harness, startHarness } from '../support/harness.ts';

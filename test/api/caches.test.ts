@@ -11,8 +11,8 @@ import { newMessageId } from '../../src/core/ids.ts';
 import { hashCredential } from '../../src/core/secrets.ts';
 import { createApp } from '../../src/http/app.ts';
 import type { HttpServices } from '../../src/http/services.ts';
+import { ADMIT_SQL } from '../../src/storage/admit-sql.ts';
 import type { Database } from '../../src/storage/database.ts';
-import { ADMIT_SQL } from '../../src/storage/gatekeeper.ts';
 import { ApiClient, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
