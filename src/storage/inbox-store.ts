@@ -129,9 +129,9 @@ export class PgInboxStore implements InboxStore {
   async findForDelivery(inboxId: string, asOf: Date): Promise<DeliveryTarget | undefined> {
     const [row] = await this.#db.rows<InboxRow & { used_bytes: number }>(
       'inbox-for-delivery',
-      `SELECT ${INBOX_COLUMNS},
-         (SELECT coalesce(sum(size_bytes), 0)::int8 FROM messages WHERE ${USAGE_WHERE('$1', '$2::timestamptz')})
-           AS used_bytes
+      // The counter and its overdue messages (migrations/20261125000000_held_bytes.ts), not a sum over
+      // the inbox's messages: the policy daemon asks on every RCPT.
+      `SELECT ${INBOX_COLUMNS}, inbox_used_bytes(i.inbox_id, i.held_bytes, $2) AS used_bytes
        FROM inboxes i WHERE i.inbox_id = $1`,
       [inboxId, asOf],
     );

@@ -71,7 +71,11 @@ test('the poll listing still walks messages_position for its inbox, not a sweep 
     'generic',
   );
   assert.match(listing, /Index Scan using messages_position on messages m/, listing);
-  assert.doesNotMatch(listing, /messages_delete_due|messages_deleted_at|Seq Scan on messages/, listing);
+  assert.doesNotMatch(
+    listing,
+    /messages_delete_due|messages_deleted_at|messages_overdue|Seq Scan on messages/,
+    listing,
+  );
 });
 
 test('the usage count still reads one inbox through its own key', async () => {
@@ -82,7 +86,11 @@ test('the usage count still reads one inbox through its own key', async () => {
     'generic',
   );
   assert.match(usage, /Index Cond: \(inbox_id = \$1\)/, usage);
-  assert.doesNotMatch(usage, /messages_delete_due|messages_deleted_at|Seq Scan on messages/, usage);
+  assert.doesNotMatch(
+    usage,
+    /messages_delete_due|messages_deleted_at|messages_overdue|Seq Scan on messages/,
+    usage,
+  );
 });
 
 test('delete-messages and drop-tombstones find their rows through their indexes', async () => {
@@ -103,4 +111,17 @@ test('delete-messages and drop-tombstones find their rows through their indexes'
     'custom',
   );
   assert.match(tombstones, /messages_deleted_at/, tombstones);
+});
+
+test("the mail path's usage reads only the inbox's overdue messages, through messages_overdue", async () => {
+  const overdue = await plan(
+    // The query inside inbox_used_bytes (migrations/20261125000000_held_bytes.ts).
+    `SELECT sum(size_bytes) FROM messages
+     WHERE inbox_id = $1 AND state <> 'deleted' AND delete_after IS NOT NULL AND delete_after <= $2`,
+    ['text', 'timestamptz'],
+    [busiest.inbox_id, h.clock.now()],
+    'generic',
+  );
+  assert.match(overdue, /Index Scan (using|on) messages_overdue/, overdue);
+  assert.match(overdue, /Index Cond: \(\(inbox_id = \$1\) AND \(delete_after <= \$2\)\)/, overdue);
 });
