@@ -10,7 +10,6 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import { newMessageId } from '../../src/core/ids.ts';
-import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { USAGE_WHERE } from '../../src/storage/usage.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
@@ -73,8 +72,9 @@ const text = (i: number, pad = 0) => `Subject: ${i}\r\n\r\n${'x'.repeat(pad)}mes
 
 test('the counter and the mail path usage agree with the usage rule through every change', async () => {
   const jobs = testJobs(h);
-  const [a, b, c] = [await h.provision(), await h.provision(), await h.provision()] as ProvisionedInbox[] &
-    [ProvisionedInbox, ProvisionedInbox, ProvisionedInbox];
+  const a = await h.provision();
+  const b = await h.provision();
+  const c = await h.provision();
   assert.equal((await agree('provisioned')).get(a.inbox_id)?.held_bytes, 0);
 
   // Concurrent deliveries into the same inboxes, whole and streamed (over one 256 KiB chunk).
