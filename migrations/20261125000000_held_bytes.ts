@@ -32,7 +32,8 @@ export async function up(knex: Knex): Promise<void> {
             GROUP BY inbox_id) h
       WHERE i.inbox_id = h.inbox_id;
 
-    -- Each statement's net change per inbox, applied in inbox order.
+    -- Each statement's net change per inbox, applied in inbox order; usage changed, so the inbox's
+    -- version moves too (core/usage-cache.ts): one update of the inbox row, not two.
     CREATE FUNCTION track_held_bytes() RETURNS trigger LANGUAGE plpgsql AS $fn$
     DECLARE
       r record;
@@ -40,12 +41,12 @@ export async function up(knex: Knex): Promise<void> {
       IF TG_OP = 'INSERT' THEN
         FOR r IN SELECT inbox_id, sum(size_bytes)::int8 AS delta FROM new_rows WHERE state <> 'deleted'
                  GROUP BY inbox_id HAVING sum(size_bytes) <> 0 ORDER BY inbox_id LOOP
-          UPDATE inboxes SET held_bytes = held_bytes + r.delta WHERE inbox_id = r.inbox_id;
+          UPDATE inboxes SET held_bytes = held_bytes + r.delta, version = version + 1 WHERE inbox_id = r.inbox_id;
         END LOOP;
       ELSIF TG_OP = 'DELETE' THEN
         FOR r IN SELECT inbox_id, sum(size_bytes)::int8 AS delta FROM old_rows WHERE state <> 'deleted'
                  GROUP BY inbox_id HAVING sum(size_bytes) <> 0 ORDER BY inbox_id LOOP
-          UPDATE inboxes SET held_bytes = held_bytes - r.delta WHERE inbox_id = r.inbox_id;
+          UPDATE inboxes SET held_bytes = held_bytes - r.delta, version = version + 1 WHERE inbox_id = r.inbox_id;
         END LOOP;
       ELSE
         FOR r IN SELECT inbox_id, sum(bytes)::int8 AS delta FROM (
@@ -53,7 +54,7 @@ export async function up(knex: Knex): Promise<void> {
                    UNION ALL
                    SELECT inbox_id, -size_bytes FROM old_rows WHERE state <> 'deleted') changes
                  GROUP BY inbox_id HAVING sum(bytes) <> 0 ORDER BY inbox_id LOOP
-          UPDATE inboxes SET held_bytes = held_bytes + r.delta WHERE inbox_id = r.inbox_id;
+          UPDATE inboxes SET held_bytes = held_bytes + r.delta, version = version + 1 WHERE inbox_id = r.inbox_id;
         END LOOP;
       END IF;
       RETURN NULL;
@@ -107,8 +108,7 @@ export async function up(knex: Knex): Promise<void> {
       END IF;
       FOR i IN 1 .. coalesce(cardinality(p_inbox_ids), 0) LOOP
         IF v_outcomes[i] = 'reserved' THEN
-          -- Usage changes: the inbox's version moves (core/usage-cache.ts).
-          UPDATE inboxes SET version = version + 1 WHERE inbox_id = p_inbox_ids[i];
+          -- The insert's trigger adds the size to held_bytes and moves the inbox's version.
           INSERT INTO messages (inbox_id, message_id, queue_id, state, size_bytes, envelope_from, reserved_at)
             VALUES (p_inbox_ids[i], p_message_ids[i], p_queue_id, 'in_flight', p_sizes[i], p_envelope_from, p_now);
         END IF;

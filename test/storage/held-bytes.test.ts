@@ -90,6 +90,15 @@ test('the counter and the mail path usage agree with the usage rule through ever
   const heldB = (await agree('first of a queue id')).get(b.inbox_id)?.held_bytes ?? 0;
   await h.deliver(b.inbox_id, text(1), { queueId: 'SAMEQ1' });
   assert.equal((await agree('duplicate')).get(b.inbox_id)?.held_bytes, heldB);
+  const versionOf = async (inboxId: string) =>
+    Number(
+      (
+        await h.container
+          .resolve<Database>(TOKENS.Database)
+          .pool.query('SELECT version FROM inboxes WHERE inbox_id = $1', [inboxId])
+      ).rows[0]?.version,
+    );
+  const versionBefore = await versionOf(c.inbox_id);
   const reserved = await h.messages.reserveAll(
     [b.inbox_id, c.inbox_id].map((inboxId) => ({
       inboxId,
@@ -102,6 +111,10 @@ test('the counter and the mail path usage agree with the usage rule through ever
   );
   assert.equal(reserved.kind, 'reserved');
   now = await agree('reserved in two inboxes');
+  assert.ok(
+    (await versionOf(c.inbox_id)) > versionBefore,
+    'a reservation changes the usage: the version moves',
+  );
   assert.equal(now.get(b.inbox_id)?.held_bytes, heldB + 5000);
 
   // Listing and downloading set delete_after; once it passes, the usage drops before any job runs.
