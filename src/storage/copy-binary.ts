@@ -8,11 +8,11 @@
  * header-extension length and the extension; then per tuple a 16-bit field count (-1 ends the data)
  * and, per field, a 32-bit length (-1 for NULL) and that many bytes.
  */
-const SIGNATURE = Buffer.from('PGCOPY\n\xff\r\n\0', 'latin1');
+export const COPY_SIGNATURE = Buffer.from('PGCOPY\n\xff\r\n\0', 'latin1');
 
 /** The single field of each tuple, as zero-copy views into `data`. Throws on anything malformed. */
 export function parseBinaryCopy(data: Buffer): Buffer[] {
-  if (data.length < 19 || !data.subarray(0, 11).equals(SIGNATURE))
+  if (data.length < 19 || !data.subarray(0, 11).equals(COPY_SIGNATURE))
     throw new Error('not a binary COPY stream');
   let offset = 15;
   offset += 4 + data.readUInt32BE(offset);

@@ -3,12 +3,12 @@
  * storage in fixed-size chunks, the event listing, download marks, byte ranges and rejections.
  */
 import { createHash } from 'node:crypto';
-import type pg from 'pg';
 import { to as copyTo } from 'pg-copy-streams';
 import { newMessageId } from '../core/ids.ts';
 import type { InboxEvent, MessageRecord, RejectionReason } from '../core/model.ts';
 import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } from '../core/ports.ts';
 import { parseBinaryCopy } from './copy-binary.ts';
+import { copyChunks } from './copy-chunks.ts';
 import type { Database } from './database.ts';
 import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
 
@@ -169,7 +169,7 @@ export class PgMessageStore implements MessageStore {
         }
         return { kind: 'duplicate' as const, messageId: row.out_message_id };
       }
-      const { size, sha256 } = await writeChunks(client, d.inboxId, row.out_message_id, body);
+      const { size, sha256 } = await copyChunks(client, d.inboxId, row.out_message_id, body, CHUNK_BYTES);
       await db.rows(
         'delivery-finish',
         'SELECT finish_delivery($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)',
@@ -368,45 +368,6 @@ function listedMessage(inboxId: string, row: EventRow): MessageRecord {
     deleted_at: null,
     deleted_reason: null,
   });
-}
-
-/** Re-cuts the incoming stream into CHUNK_BYTES pieces and inserts each as it fills. */
-async function writeChunks(
-  client: pg.PoolClient,
-  inboxId: string,
-  messageId: string,
-  body: AsyncIterable<Buffer>,
-): Promise<{ size: number; sha256: Buffer }> {
-  const hash = createHash('sha256');
-  // Pieces wait here until a chunk is full; Buffer.concat then copies each byte once into a buffer of
-  // exactly the chunk's size (a small message allocates only its own size).
-  let pending: Buffer[] = [];
-  let filled = 0;
-  let seq = 0;
-  let size = 0;
-  const flush = async (): Promise<void> => {
-    const bytes = Buffer.concat(pending, filled);
-    pending = [];
-    filled = 0;
-    await client.query({
-      name: 'chunk-insert',
-      text: 'INSERT INTO message_chunks (inbox_id, message_id, seq, data) VALUES ($1, $2, $3, $4)',
-      values: [inboxId, messageId, seq++, bytes],
-    });
-  };
-  for await (const piece of body) {
-    hash.update(piece);
-    size += piece.length;
-    for (let offset = 0; offset < piece.length; ) {
-      const take = Math.min(piece.length - offset, CHUNK_BYTES - filled);
-      pending.push(offset === 0 && take === piece.length ? piece : piece.subarray(offset, offset + take));
-      offset += take;
-      filled += take;
-      if (filled === CHUNK_BYTES) await flush();
-    }
-  }
-  if (filled > 0) await flush();
-  return { size, sha256: hash.digest() };
 }
 
 /** A delivery's summary as the delivery functions take it: from name, address, subject, id, authentication. */

@@ -1,0 +1,101 @@
+/**
+ * A streamed message's chunks go in with one binary COPY (src/storage/copy-chunks.ts): the bytes
+ * arrive cut at CHUNK_BYTES whatever the pieces; a body that fails cancels the COPY and stores nothing;
+ * a database error during the COPY is thrown, not hung on; the connection is usable afterwards.
+ */
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import { after, before, test } from 'node:test';
+import { TOKENS } from '../../src/container.ts';
+import { copyChunks } from '../../src/storage/copy-chunks.ts';
+import type { Database } from '../../src/storage/database.ts';
+import { CHUNK_BYTES } from '../../src/storage/message-store.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
+
+let h: Harness;
+let db: Database;
+before(async () => {
+  h = await startHarness();
+  db = h.container.resolve<Database>(TOKENS.Database);
+});
+after(() => h.close());
+
+async function* pieces(data: Buffer, size: number, failAfter?: number): AsyncIterable<Buffer> {
+  for (let at = 0; at < data.length; at += size) {
+    if (failAfter !== undefined && at >= failAfter) throw new Error('the sender went away');
+    yield data.subarray(at, at + size);
+  }
+}
+
+/** A message row in flight to copy chunks for, in the caller's transaction. */
+async function inFlight(client: import('pg').PoolClient, inboxId: string, messageId: string) {
+  await client.query(`SELECT begin_delivery($1, $2, $3, '', now())`, [inboxId, messageId, `Q${messageId}`]);
+}
+
+test('chunks are cut at CHUNK_BYTES whatever the pieces, and hold the bytes as sent', async () => {
+  const inbox = await h.provision();
+  const data = randomBytes(2 * CHUNK_BYTES + 12_345);
+  const result = await db.transaction(async (client) => {
+    await inFlight(client, inbox.inbox_id, 'msg_copy_ok');
+    return copyChunks(client, inbox.inbox_id, 'msg_copy_ok', pieces(data, 65_521), CHUNK_BYTES);
+  });
+  assert.equal(result.size, data.length);
+  assert.ok(result.sha256.equals(createHash('sha256').update(data).digest()));
+  const rows = await db.rows<{ seq: number; length: number; md5: string }>(
+    'test-chunks',
+    `SELECT seq, octet_length(data) AS length, md5(data) AS md5 FROM message_chunks
+     WHERE inbox_id = $1 AND message_id = 'msg_copy_ok' ORDER BY seq`,
+    [inbox.inbox_id],
+  );
+  const md5 = (b: Buffer) => createHash('md5').update(b).digest('hex');
+  assert.deepEqual(rows, [
+    { seq: 0, length: CHUNK_BYTES, md5: md5(data.subarray(0, CHUNK_BYTES)) },
+    { seq: 1, length: CHUNK_BYTES, md5: md5(data.subarray(CHUNK_BYTES, 2 * CHUNK_BYTES)) },
+    { seq: 2, length: 12_345, md5: md5(data.subarray(2 * CHUNK_BYTES)) },
+  ]);
+});
+
+test('a body that fails mid-message cancels the COPY: its error is thrown and nothing is stored', async () => {
+  const inbox = await h.provision();
+  const data = randomBytes(3 * CHUNK_BYTES);
+  await assert.rejects(
+    db.transaction(async (client) => {
+      await inFlight(client, inbox.inbox_id, 'msg_copy_cut');
+      return copyChunks(
+        client,
+        inbox.inbox_id,
+        'msg_copy_cut',
+        pieces(data, 65_536, CHUNK_BYTES + 65_536),
+        CHUNK_BYTES,
+      );
+    }),
+    /the sender went away/,
+  );
+  const [left] = await db.rows<{ messages: number; chunks: number }>(
+    'test-left',
+    `SELECT (SELECT count(*)::int FROM messages WHERE inbox_id = $1) AS messages,
+            (SELECT count(*)::int FROM message_chunks WHERE inbox_id = $1) AS chunks`,
+    [inbox.inbox_id],
+  );
+  assert.deepEqual(left, { messages: 0, chunks: 0 });
+});
+
+test('a database error during the COPY is thrown, and the pool goes on working', async () => {
+  const inbox = await h.provision();
+  const data = randomBytes(4 * CHUNK_BYTES);
+  await assert.rejects(
+    db.transaction((client) =>
+      // no message row: every chunk breaks the foreign key
+      copyChunks(client, inbox.inbox_id, 'msg_copy_orphan', pieces(data, 65_536), CHUNK_BYTES),
+    ),
+    /foreign key/,
+  );
+  // every connection of the pool still answers (none was left inside a COPY)
+  const answers = await Promise.all(
+    Array.from({ length: 12 }, () => db.rows('test-ping', 'SELECT 1 AS one', [])),
+  );
+  assert.deepEqual(
+    answers,
+    Array.from({ length: 12 }, () => [{ one: 1 }]),
+  );
+});
