@@ -35,6 +35,7 @@ import type { Log } from '../log.ts';
 import { coalesceWrites } from '../net/coalesce-writes.ts';
 import { listenOn } from '../net/listen.ts';
 import { paceBufferGarbage } from './buffer-pacer.ts';
+import { installDataScan, smtpServerVersion } from './data-scan.ts';
 
 export const CLOSE_GRACE_MS = 30_000;
 
@@ -75,6 +76,13 @@ export function toReply(verdict: DeliveryVerdict | undefined): SMTPServerDataRes
 
 export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpServer> {
   const { listen, handler, log, hostname } = options;
+  if (!installDataScan()) {
+    log({
+      level: 'warn',
+      msg: 'smtp-server version not known to data-scan.ts: its own (slower) DATA scanner stays',
+      version: smtpServerVersion(),
+    });
+  }
   const graceMs = options.closeGraceMs ?? CLOSE_GRACE_MS;
   // smtp-server merges a repeated RCPT into one envelope entry, but RFC 2033 wants one reply per
   // accepted RCPT: the accepted addresses are kept here, per transaction (envelope object).
