@@ -6,6 +6,9 @@
  * Postfix's log is followed onto stdout. Configuration comes from the environment only; a bad value
  * stops the process naming the variable (exit 78).
  *
+ * Each entry loads only the modules it runs (dynamic imports below): a daemon's heap is what its own
+ * collections have to walk.
+ *
  * Every entry but migrate also serves /metrics, /livez and /readyz on METRICS_HOST:METRICS_PORT
  * (src/ops/ops-server.ts), started once its daemons listen. Logs are JSON lines on stdout (src/log.ts).
  *
@@ -18,19 +21,11 @@
 import { ConfigError, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
 import { buildContainer, TOKENS } from './container.ts';
-import { startApi } from './daemons/api.ts';
-import { startJobs } from './daemons/jobs.ts';
-import { startLmtp } from './daemons/lmtp.ts';
-import { startMilter } from './daemons/milter.ts';
-import { startPolicy } from './daemons/policy.ts';
 import { createLog } from './log.ts';
 import type { Health } from './ops/health.ts';
 import type { Metrics } from './ops/metrics.ts';
 import { DEFAULT_METRICS_PORTS, startOpsServer } from './ops/ops-server.ts';
-import { followMaillog } from './postfix/follow-maillog.ts';
-import { PostfixInstance } from './postfix/instance.ts';
 import type { Database } from './storage/database.ts';
-import { migrate } from './storage/migrate.ts';
 
 const ENTRIES = ['api', 'policy', 'milter', 'lmtp', 'jobs', 'migrate', 'all'] as const;
 type Entry = (typeof ENTRIES)[number];
@@ -50,6 +45,7 @@ async function main(argv: string[]): Promise<void> {
   const logOf = (daemon: string) => createLog(daemon, undefined, config.logLevel);
   const log = logOf(entry);
   if (entry === 'migrate' || entry === 'all') {
+    const { migrate } = await import('./storage/migrate.ts');
     const applied = await migrate(config.databaseUrl);
     log({ msg: 'migrated', applied });
     if (entry === 'migrate') return;
@@ -101,31 +97,38 @@ async function main(argv: string[]): Promise<void> {
   process.on('SIGINT', onSignal);
 
   if (entry === 'api' || all) {
+    const { startApi } = await import('./daemons/api.ts');
     const api = await startApi(container, graceMs);
     running.push({ name: 'api', close: () => api.close() });
     log({ msg: 'listening', api: api.url, public_base_url: config.publicBaseUrl });
   }
   if (entry === 'policy' || all) {
+    const { startPolicy } = await import('./daemons/policy.ts');
     const server = await startPolicy(container, logOf('policy'));
     running.push({ name: 'policy', close: () => server.close() });
     log({ msg: 'listening', policy: server.address });
   }
   if (entry === 'milter' || all) {
+    const { startMilter } = await import('./daemons/milter.ts');
     const server = await startMilter(container, logOf('milter'));
     running.push({ name: 'milter', close: () => server.close() });
     log({ msg: 'listening', milter: server.address });
   }
   if (entry === 'lmtp' || all) {
+    const { startLmtp } = await import('./daemons/lmtp.ts');
     const server = await startLmtp(container, logOf('lmtp'));
     running.push({ name: 'lmtp', close: () => server.close() });
     log({ msg: 'listening', lmtp: server.address });
   }
   if (entry === 'jobs' || all) {
+    const { startJobs } = await import('./daemons/jobs.ts');
     const schedule = startJobs(container, logOf('jobs'));
     running.push({ name: 'jobs', close: () => schedule.close() });
     log({ msg: 'scheduled', jobs: `every ${config.sweepIntervalSeconds} s` });
   }
   if (all) {
+    const { PostfixInstance } = await import('./postfix/instance.ts');
+    const { followMaillog } = await import('./postfix/follow-maillog.ts');
     const postfix = PostfixInstance.forService(config);
     await postfix.stop(); // a master left running by a previous run that was killed
     await postfix.prepare();

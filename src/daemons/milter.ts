@@ -22,6 +22,7 @@ import { TOKENS } from '../container.ts';
 import { inboxIdOf } from '../core/mail-address.ts';
 import { replyReason, type SmtpReplies } from '../core/smtp-replies.ts';
 import type { Log } from '../log.ts';
+import { loadMailauth } from '../mail/mailauth-authenticator.ts';
 import type { MilterCheck } from '../mail/milter-check.ts';
 import type { MilterHandler } from '../milter/handler.ts';
 import { startMilterServer } from '../milter/server.ts';
@@ -30,6 +31,8 @@ import type { Metrics } from '../ops/metrics.ts';
 const STAGE = 'end_of_message';
 
 export async function startMilter(container: DependencyContainer, log: Log) {
+  // At start-up, not on the first message: a mailauth our line-break patch does not fit stops the milter.
+  await loadMailauth();
   const config = container.resolve<Config>(TOKENS.Config);
   const check = container.resolve<MilterCheck>(TOKENS.MilterCheck);
   const metrics = container.resolve<Metrics>(TOKENS.Metrics);

@@ -4,15 +4,27 @@
  * The authserv-id is AUTHSERV_ID; DNS goes through our resolver (DNS_SERVERS). ARC is evaluated and
  * reported; BIMI is off (it would fetch logos over HTTPS). A DNS failure becomes a `temperror` result
  * inside mailauth, never an exception; anything mailauth throws is the caller's temporary failure.
- * Loading this module swaps mailauth's byte-by-byte line-break pass for fast-linebreaks.ts.
+ *
+ * mailauth is loaded on first use, or by loadMailauth() (the milter calls it at start-up, so that a
+ * mailauth that fast-linebreaks.ts cannot patch stops the milter at once): it is about a third of a
+ * daemon's heap, and only the milter needs it. Loading it swaps mailauth's byte-by-byte line-break pass
+ * for fast-linebreaks.ts.
  */
 import { Readable } from 'node:stream';
-import { authenticate } from 'mailauth';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
 import type { CachingLookup } from './dns.ts';
 import { installFastLinebreaks } from './fast-linebreaks.ts';
 
-installFastLinebreaks();
+let mailauth: Promise<typeof import('mailauth')> | undefined;
+
+/** Loads mailauth and patches its line-break pass, once; rejects if the patch does not fit. */
+export function loadMailauth(): Promise<typeof import('mailauth')> {
+  mailauth ??= import('mailauth').then((module) => {
+    installFastLinebreaks();
+    return module;
+  });
+  return mailauth;
+}
 
 export class MailauthAuthenticator implements Authenticator {
   readonly #authservId: string;
@@ -24,6 +36,7 @@ export class MailauthAuthenticator implements Authenticator {
   }
 
   async authenticate(request: AuthenticationRequest): Promise<AuthVerdict> {
+    const { authenticate } = await loadMailauth();
     const result = await authenticate(Readable.from(request.message, { objectMode: false }), {
       ip: request.clientAddress,
       helo: request.helo ?? undefined,
