@@ -153,7 +153,6 @@ export function buildContainer(
       new RecipientAdmission(
         get(TOKENS.InboxStore),
         get(TOKENS.MessageStore),
-        get(TOKENS.OptOuts),
         get(TOKENS.ReverseDns),
         get(TOKENS.Clock),
         get(TOKENS.SmtpReplies),
@@ -166,7 +165,6 @@ export function buildContainer(
       new MessageAdmission(
         get(TOKENS.InboxStore),
         get(TOKENS.MessageStore),
-        get(TOKENS.OptOuts),
         get(TOKENS.Clock),
         get(TOKENS.SmtpReplies),
         config,

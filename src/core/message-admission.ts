@@ -15,7 +15,7 @@ import { closedInbox } from './inbox-gate.ts';
 import type { LifecycleSettings } from './lifecycle.ts';
 import { inboxIdOf } from './mail-address.ts';
 import type { InboxRecord } from './model.ts';
-import type { OptOuts } from './opt-outs.ts';
+import { OptOuts } from './opt-outs.ts';
 import type { AuthVerdict, InboxStore, MessageStore } from './ports.ts';
 import { domainAndParents } from './sender-domains.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
@@ -51,7 +51,6 @@ type Outcome = { verdict: Refusal; record?: Recorded };
 export class MessageAdmission {
   readonly #inboxes: InboxStore;
   readonly #messages: MessageStore;
-  readonly #optOuts: OptOuts;
   readonly #clock: Clock;
   readonly #replies: SmtpReplies;
   readonly #settings: MessageSettings;
@@ -59,14 +58,12 @@ export class MessageAdmission {
   constructor(
     inboxes: InboxStore,
     messages: MessageStore,
-    optOuts: OptOuts,
     clock: Clock,
     replies: SmtpReplies,
     settings: MessageSettings,
   ) {
     this.#inboxes = inboxes;
     this.#messages = messages;
-    this.#optOuts = optOuts;
     this.#clock = clock;
     this.#replies = replies;
     this.#settings = settings;
@@ -79,14 +76,15 @@ export class MessageAdmission {
     const { auth } = facts;
     if (auth.dmarc.result === 'fail' && auth.dmarc.policy === 'reject') return this.#replies.dmarcFailed;
 
-    // The inboxes only: their usage is read under the inbox lock when reserving (reserveAll).
-    const targets = await Promise.all(
-      facts.recipients.map(async (recipient) => {
-        const inboxId = inboxIdOf(recipient, this.#settings.mailDomain);
-        return inboxId ? this.#inboxes.find(inboxId) : undefined;
-      }),
+    // The inboxes only, with the From: domain's opt-outs in the same read: their usage is read under
+    // the inbox lock when reserving (reserveAll).
+    const addressed = facts.recipients.map((recipient) => inboxIdOf(recipient, this.#settings.mailDomain));
+    const found = await this.#inboxes.findWithOptOuts(
+      [...new Set(addressed.filter((id): id is string => id !== null))],
+      auth.fromDomain ? OptOuts.namesCovering(auth.fromDomain) : [],
     );
-    const optedOut = auth.fromDomain ? await this.#optOuts.coveringEntry(auth.fromDomain) : null;
+    const targets = addressed.map((id) => (id ? found.inboxes.get(id) : undefined));
+    const optedOut = auth.fromDomain ? OptOuts.covering(auth.fromDomain, found.optedOut) : null;
     const authenticatedDomain =
       auth.fromDomain && (auth.dmarc.result === 'pass' || auth.alignedDkimPass) ? auth.fromDomain : null;
 

@@ -23,10 +23,24 @@ export class OptOuts {
 
   /** The registered opt-out that covers a sender's domain (the domain itself or a parent), or null. */
   async coveringEntry(domain: string): Promise<string | null> {
-    const names = domainAndParents(domain.toLowerCase());
+    const names = OptOuts.namesCovering(domain);
     if (names.length === 0) return null;
-    const optedOut = new Set(await this.#store.findOptedOut(names));
-    return names.find((name) => optedOut.has(name)) ?? null;
+    return OptOuts.covering(domain, await this.#store.findOptedOut(names));
+  }
+
+  /** The names whose opt-out would cover a sender's domain: the domain and its parents. */
+  static namesCovering(domain: string): string[] {
+    return domainAndParents(domain.toLowerCase());
+  }
+
+  /**
+   * coveringEntry from opt-outs already read (`registered`: the registered ones among
+   * namesCovering(domain), as InboxStore reads them along with the inboxes): the closest, or null.
+   */
+  static covering(domain: string, registered: string[]): string | null {
+    if (registered.length === 0) return null;
+    const found = new Set(registered);
+    return OptOuts.namesCovering(domain).find((name) => found.has(name)) ?? null;
   }
 
   /** Throws 409 sender_opted_out naming the refused entries. */

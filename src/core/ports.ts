@@ -67,11 +67,20 @@ export interface InboxStore {
   setSenderDomains(inboxId: string, domains: string[], now: Date): Promise<InboxRecord | 'expired'>;
   /**
    * The inbox a delivery is for, with the bytes its quota holds at `asOf` (in flight, stored and
-   * downloaded messages not yet deleted), read together. Reads only.
+   * downloaded messages not yet deleted), and which of `senderDomains` are opted out, read together
+   * (the policy daemon asks on every RCPT: one statement, not two). Reads only.
    */
-  findForDelivery(inboxId: string, asOf: Date): Promise<DeliveryTarget | undefined>;
+  findForDelivery(inboxId: string, asOf: Date, senderDomains?: string[]): Promise<DeliveryTarget | undefined>;
   /** The inbox, without its usage. Reads only. */
   find(inboxId: string): Promise<InboxRecord | undefined>;
+  /**
+   * Those of the inboxes that exist, without usage, and which of `senderDomains` are opted out, read in
+   * one statement (the milter's end of message). Reads only.
+   */
+  findWithOptOuts(
+    inboxIds: string[],
+    senderDomains: string[],
+  ): Promise<{ inboxes: Map<string, InboxRecord>; optedOut: string[] }>;
   /** Marks the inbox cancelled and deletes its messages; returns false for an unknown inbox. */
   cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined>;
 }
@@ -79,6 +88,8 @@ export interface InboxStore {
 export interface DeliveryTarget {
   inbox: InboxRecord;
   usedBytes: number;
+  /** The sender domains asked about that are in the opt-out registry. */
+  optedOut: string[];
 }
 
 export interface OptOutStore {

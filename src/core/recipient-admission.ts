@@ -17,7 +17,7 @@ import { addSeconds, type Clock } from './clock.ts';
 import { closedInbox, freeBytes } from './inbox-gate.ts';
 import type { LifecycleSettings } from './lifecycle.ts';
 import { domainOf, inboxIdOf } from './mail-address.ts';
-import type { OptOuts } from './opt-outs.ts';
+import { OptOuts } from './opt-outs.ts';
 import type { DeliveryTarget, InboxStore, MessageStore, ReverseDns } from './ports.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
 import { ACCEPT, type Verdict } from './verdict.ts';
@@ -51,7 +51,6 @@ interface Member {
 export class RecipientAdmission {
   readonly #inboxes: InboxStore;
   readonly #messages: MessageStore;
-  readonly #optOuts: OptOuts;
   readonly #dns: ReverseDns;
   readonly #clock: Clock;
   readonly #replies: SmtpReplies;
@@ -60,7 +59,6 @@ export class RecipientAdmission {
   constructor(
     inboxes: InboxStore,
     messages: MessageStore,
-    optOuts: OptOuts,
     dns: ReverseDns,
     clock: Clock,
     replies: SmtpReplies,
@@ -68,7 +66,6 @@ export class RecipientAdmission {
   ) {
     this.#inboxes = inboxes;
     this.#messages = messages;
-    this.#optOuts = optOuts;
     this.#dns = dns;
     this.#clock = clock;
     this.#replies = replies;
@@ -111,12 +108,18 @@ export class RecipientAdmission {
   ): Promise<{ member: Member } | { verdict: Verdict }> {
     const now = this.#clock.now();
     const inboxId = inboxIdOf(request.recipient, this.#settings.mailDomain);
-    const target = inboxId ? await this.#inboxes.findForDelivery(inboxId, now) : undefined;
+    const senderDomain = domainOf(request.sender);
+    const target = inboxId
+      ? await this.#inboxes.findForDelivery(
+          inboxId,
+          now,
+          senderDomain ? OptOuts.namesCovering(senderDomain) : [],
+        )
+      : undefined;
     const closed = closedInbox(target?.inbox, now, this.#replies, this.#settings);
     if (closed || !target) return { verdict: closed ?? this.#replies.noSuchInbox };
 
-    const senderDomain = domainOf(request.sender);
-    const optedOut = senderDomain ? await this.#optOuts.coveringEntry(senderDomain) : null;
+    const optedOut = senderDomain ? OptOuts.covering(senderDomain, target.optedOut) : null;
     if (optedOut) {
       await this.#record(target, request, 'sender_opted_out', optedOut, now);
       return { verdict: this.#replies.senderOptedOut };

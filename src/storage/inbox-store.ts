@@ -126,16 +126,21 @@ export class PgInboxStore implements InboxStore {
     return row ? toInbox(row) : 'expired';
   }
 
-  async findForDelivery(inboxId: string, asOf: Date): Promise<DeliveryTarget | undefined> {
-    const [row] = await this.#db.rows<InboxRow & { used_bytes: number }>(
+  async findForDelivery(
+    inboxId: string,
+    asOf: Date,
+    senderDomains: string[] = [],
+  ): Promise<DeliveryTarget | undefined> {
+    const [row] = await this.#db.rows<InboxRow & { used_bytes: number; opted_out: string[] }>(
       'inbox-for-delivery',
       // The counter and its overdue messages (migrations/20261125000000_held_bytes.ts), not a sum over
       // the inbox's messages: the policy daemon asks on every RCPT.
-      `SELECT ${INBOX_COLUMNS}, inbox_used_bytes(i.inbox_id, i.held_bytes, $2) AS used_bytes
+      `SELECT ${INBOX_COLUMNS}, inbox_used_bytes(i.inbox_id, i.held_bytes, $2) AS used_bytes,
+         ARRAY(SELECT o.domain FROM sender_optouts o WHERE o.domain = ANY($3)) AS opted_out
        FROM inboxes i WHERE i.inbox_id = $1`,
-      [inboxId, asOf],
+      [inboxId, asOf, senderDomains],
     );
-    return row ? { inbox: toInbox(row), usedBytes: row.used_bytes } : undefined;
+    return row ? { inbox: toInbox(row), usedBytes: row.used_bytes, optedOut: row.opted_out } : undefined;
   }
 
   async find(inboxId: string): Promise<InboxRecord | undefined> {
@@ -145,6 +150,23 @@ export class PgInboxStore implements InboxStore {
       [inboxId],
     );
     return row ? toInbox(row) : undefined;
+  }
+
+  async findWithOptOuts(
+    inboxIds: string[],
+    senderDomains: string[],
+  ): Promise<{ inboxes: Map<string, InboxRecord>; optedOut: string[] }> {
+    // One row per inbox found, each carrying the opt-outs; one row of NULLs when no inbox is.
+    const rows = await this.#db.rows<Partial<InboxRow> & { opted_out: string[] }>(
+      'inboxes-with-optouts',
+      `SELECT o.opted_out, ${INBOX_COLUMNS}
+       FROM (SELECT ARRAY(SELECT d.domain FROM sender_optouts d WHERE d.domain = ANY($2)) AS opted_out) o
+       LEFT JOIN inboxes i ON i.inbox_id = ANY($1)`,
+      [inboxIds, senderDomains],
+    );
+    const inboxes = new Map<string, InboxRecord>();
+    for (const row of rows) if (row.inbox_id) inboxes.set(row.inbox_id, toInbox(row as InboxRow));
+    return { inboxes, optedOut: rows[0]?.opted_out ?? [] };
   }
 
   async cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined> {
