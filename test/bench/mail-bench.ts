@@ -14,7 +14,9 @@
  * takes a warm-up round (BENCH_WARMUP, half the count), not counted; then time runs from the first
  * connection to the last message stored (ours: counted in Postgres; the sink's: Postfix's `status=sent`
  * lines in its log). Each case runs BENCH_ROUNDS rounds (3) of the three configurations in turn; the
- * table shows medians, the ratios being the medians of each round's own ratio.
+ * table shows medians, the ratios being the medians of each round's own ratio. A second table gives the
+ * CPU time per message of the measured part (cpu-usage.ts, from /proc): the machine's, in every
+ * configuration, and each of our three daemons' (all threads, so V8's collector helpers count).
  *
  *   node test/bench/mail-bench.ts   (BENCH_SMALL_COUNT, BENCH_LARGE_COUNT, BENCH_SESSIONS, BENCH_ROUNDS,
  *                                    BENCH_WARMUP)
@@ -38,6 +40,7 @@ import { migrate } from '../../src/storage/migrate.ts';
 import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
 import { freePort } from '../support/sender-postfix.ts';
+import { perMessageMs, sampleCpu } from './cpu-usage.ts';
 import { listenOn, nullMilterServer, nullPolicyServer } from './null-daemons.ts';
 
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
@@ -97,6 +100,7 @@ async function main(): Promise<void> {
   const baseDir = await mkdtemp(join(tmpdir(), 'mail-bench-'));
   await chmod(baseDir, 0o755); // the postfix user must reach the queue below it
   const results: string[] = [];
+  const cpuResults: string[] = [];
   const closers: (() => void)[] = [];
   const instances: PostfixInstance[] = [];
   try {
@@ -106,6 +110,9 @@ async function main(): Promise<void> {
       );
     }
     await sleep(1500);
+    const daemonPids = Object.fromEntries(
+      ['policy', 'milter', 'receiver'].map((name, i) => [name, children[i]?.pid as number]),
+    );
     const asUser = process.getuid?.() === 0 ? ['-u', 'postfix'] : [];
     const sink = spawn('smtp-sink', [...asUser, '-L', `127.0.0.1:${sinkPort}`, '256'], { stdio: 'ignore' });
     children.push(sink);
@@ -155,7 +162,7 @@ async function main(): Promise<void> {
         );
         return row?.n ?? 0;
       };
-      const rounds: { sink: number; hooks: number; ours: number }[] = [];
+      const rounds: { sink: Measured; hooks: Measured; ours: Measured }[] = [];
       for (let round = 1; round <= ROUNDS; round++) {
         const label = (name: string) => `${name} (round ${round})`;
         rounds.push({
@@ -173,14 +180,19 @@ async function main(): Promise<void> {
             storedCount,
             label('ours'),
             dns.resolvConfPath,
+            daemonPids,
           ),
         });
       }
-      const sinkRate = median(rounds.map((r) => r.sink));
-      const hooksRatio = median(rounds.map((r) => r.hooks / r.sink));
-      const ratio = median(rounds.map((r) => r.ours / r.sink));
+      const sinkRate = median(rounds.map((r) => r.sink.rate));
+      const hooksRatio = median(rounds.map((r) => r.hooks.rate / r.sink.rate));
+      const ratio = median(rounds.map((r) => r.ours.rate / r.sink.rate));
       results.push(
-        `| ${c.name} | ${c.count} | ${sinkRate.toFixed(0)} | ${median(rounds.map((r) => r.hooks)).toFixed(0)} (${hooksRatio.toFixed(2)}) | ${median(rounds.map((r) => r.ours)).toFixed(0)} | ${ratio.toFixed(2)} | ${c.target} | ${ratio >= c.target ? 'yes' : 'no'} |`,
+        `| ${c.name} | ${c.count} | ${sinkRate.toFixed(0)} | ${median(rounds.map((r) => r.hooks.rate)).toFixed(0)} (${hooksRatio.toFixed(2)}) | ${median(rounds.map((r) => r.ours.rate)).toFixed(0)} | ${ratio.toFixed(2)} | ${c.target} | ${ratio >= c.target ? 'yes' : 'no'} |`,
+      );
+      const ms = (pick: (r: (typeof rounds)[number]) => number) => median(rounds.map(pick)).toFixed(2);
+      cpuResults.push(
+        `| ${c.name} | ${ms((r) => r.sink.cpu.machine ?? 0)} | ${ms((r) => r.hooks.cpu.machine ?? 0)} | ${ms((r) => r.ours.cpu.machine ?? 0)} | ${ms((r) => r.ours.cpu.policy ?? 0)} | ${ms((r) => r.ours.cpu.milter ?? 0)} | ${ms((r) => r.ours.cpu.receiver ?? 0)} |`,
       );
     }
   } finally {
@@ -198,6 +210,11 @@ async function main(): Promise<void> {
       '| size | messages | sink msg/s | hooks only msg/s (ratio) | ours msg/s | ratio | target | met |',
       '|---|---|---|---|---|---|---|---|',
       ...results,
+      '',
+      'CPU ms per message (median of the rounds; machine: all processes, all cores; the daemons: all their threads)',
+      '| size | sink: machine | hooks only: machine | ours: machine | policy daemon | milter | receiver |',
+      '|---|---|---|---|---|---|---|',
+      ...cpuResults,
       '',
     ].join('\n'),
   );
@@ -226,13 +243,20 @@ async function countSent(postfix: PostfixInstance): Promise<number> {
   }
 }
 
+interface Measured {
+  rate: number;
+  /** CPU ms per message: `machine`, and each process of `pids`. */
+  cpu: Record<string, number>;
+}
+
 async function measure(
   postfix: PostfixInstance,
   c: { name: string; bytes: number; count: number; to?: string },
   delivered: () => Promise<number>,
   label: string,
   resolvConf: string,
-): Promise<number> {
+  pids: Record<string, number> = {},
+): Promise<Measured> {
   await postfix.stop();
   await rm(postfix.dirs.maillogFile, { force: true });
   sentSoFar.delete(postfix.dirs.maillogFile);
@@ -269,13 +293,18 @@ async function measure(
   // Steady state: a first round, not counted, warms every process of the path (Postfix's, and the JIT of
   // ours; cold, the first 2,000 10 KiB messages went about 20% slower).
   await send(Math.max(SESSIONS, Math.round(c.count * WARMUP)));
+  const before = await sampleCpu(pids);
   const seconds = await send(c.count);
+  const cpu = perMessageMs(before, await sampleCpu(pids), c.count);
   const rate = c.count / seconds;
+  const cpuText = Object.entries(cpu)
+    .map(([name, ms]) => `${name} ${ms.toFixed(2)}`)
+    .join(', ');
   process.stdout.write(
-    `${label} ${c.name}: ${c.count} messages in ${seconds.toFixed(1)} s = ${rate.toFixed(0)}/s\n`,
+    `${label} ${c.name}: ${c.count} messages in ${seconds.toFixed(1)} s = ${rate.toFixed(0)}/s; CPU ms/message: ${cpuText}\n`,
   );
   await postfix.stop();
-  return rate;
+  return { rate, cpu };
 }
 
 function median(values: number[]): number {
