@@ -21,21 +21,15 @@ export class OptOuts {
     return domains.filter((domain) => domainAndParents(domain).some((name) => optedOut.has(name)));
   }
 
-  /** The registered opt-out that covers a sender's domain (the domain itself or a parent), or null. */
-  async coveringEntry(domain: string): Promise<string | null> {
-    const names = OptOuts.namesCovering(domain);
-    if (names.length === 0) return null;
-    return OptOuts.covering(domain, await this.#store.findOptedOut(names));
-  }
-
   /** The names whose opt-out would cover a sender's domain: the domain and its parents. */
   static namesCovering(domain: string): string[] {
     return domainAndParents(domain.toLowerCase());
   }
 
   /**
-   * coveringEntry from opt-outs already read (`registered`: the registered ones among
-   * namesCovering(domain), as InboxStore reads them along with the inboxes): the closest, or null.
+   * The registered opt-out that covers a sender's domain (the domain itself or its closest opted-out
+   * parent), or null, from `registered`: the registered ones among namesCovering(domain), as InboxStore
+   * reads them along with the inboxes.
    */
   static covering(domain: string, registered: string[]): string | null {
     if (registered.length === 0) return null;

@@ -99,3 +99,24 @@ test('a database error during the COPY is thrown, and the pool goes on working',
     Array.from({ length: 12 }, () => [{ one: 1 }]),
   );
 });
+
+test('a connection lost early in a long, slow body fails the copy without reading the rest', async () => {
+  const inbox = await h.provision();
+  let produced = 0;
+  async function* slow(): AsyncIterable<Buffer> {
+    for (let i = 0; i < 100; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+      produced++;
+      yield Buffer.alloc(CHUNK_BYTES, i);
+    }
+  }
+  await assert.rejects(
+    db.transaction(async (client) => {
+      const [row] = (await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows;
+      await inFlight(client, inbox.inbox_id, 'msg_copy_lost');
+      setTimeout(() => void db.rows('test-kill', 'SELECT pg_terminate_backend($1)', [row?.pid]), 100);
+      return copyChunks(client, inbox.inbox_id, 'msg_copy_lost', slow(), CHUNK_BYTES);
+    }),
+  );
+  assert.ok(produced < 100, `read ${produced} of 100 pieces before failing`);
+});

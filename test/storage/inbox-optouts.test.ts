@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
+import { OptOuts } from '../../src/core/opt-outs.ts';
 import type { InboxStore, OptOutStore } from '../../src/core/ports.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 
@@ -51,4 +52,11 @@ test('findForDelivery carries the opted-out names among those asked, and none wh
   assert.equal(asked?.usedBytes, 0);
   const plain = await inboxes.findForDelivery(a.inbox_id, h.clock.now());
   assert.deepEqual(plain?.optedOut, []);
+});
+
+test('OptOuts.covering picks the domain itself or its closest registered parent, never a subdomain', () => {
+  assert.equal(OptOuts.covering('Mail.Gone.Example', ['gone.example']), 'gone.example');
+  assert.equal(OptOuts.covering('a.b.gone.example', ['gone.example', 'b.gone.example']), 'b.gone.example');
+  assert.equal(OptOuts.covering('gone.example', ['sub.gone.example']), null);
+  assert.equal(OptOuts.covering('gone.example', []), null);
 });
