@@ -7,7 +7,8 @@
  * stops the process naming the variable (exit 78).
  *
  * Each entry loads only the modules it runs (dynamic imports below): a daemon's heap is what its own
- * collections have to walk.
+ * collections have to walk. The entries that move message bytes first re-execute themselves with
+ * their V8 heap flags (src/heap-flags.ts; same pid).
  *
  * Every entry but migrate also serves /metrics, /livez and /readyz on METRICS_HOST:METRICS_PORT
  * (src/ops/ops-server.ts), started once its daemons listen. Logs are JSON lines on stdout (src/log.ts).
@@ -21,6 +22,7 @@
 import { ConfigError, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
 import { buildContainer, TOKENS } from './container.ts';
+import { applyHeapFlags } from './heap-flags.ts';
 import { createLog } from './log.ts';
 import type { Health } from './ops/health.ts';
 import type { Metrics } from './ops/metrics.ts';
@@ -165,6 +167,7 @@ async function main(argv: string[]): Promise<void> {
   }
 }
 
+applyHeapFlags(process.argv[2] ?? 'all');
 main(process.argv.slice(2)).catch((error: unknown) => {
   if (error instanceof ConfigError) {
     process.stderr.write(`configuration error: ${error.message}\n`);

@@ -6,7 +6,7 @@
  * Those live outside V8's heap, and V8 collects them only when external memory has grown by some 64 MiB
  * since the last collection: ten 25 MiB deliveries at once grew the receiver's RSS by 65-75 MiB.
  * Every intervalMs this checks the process's ArrayBuffer memory and runs a full collection once it
- * exceeds what survived the previous one by headroomBytes. A young-generation collection freed nothing
+ * exceeds the least seen since the previous one by headroomBytes. A young-generation collection freed nothing
  * here: by the time they are garbage, the Buffers' owners have been promoted.
  *
  * The threshold is relative on purpose: with many deliveries in progress the live Buffers alone can
@@ -35,16 +35,20 @@ export interface BufferPacer {
   readonly collections: number;
 }
 
-export function paceBufferGarbage(headroomBytes = 24 * 1024 * 1024, intervalMs = 50): BufferPacer {
+export function paceBufferGarbage(headroomBytes = 16 * 1024 * 1024, intervalMs = 50): BufferPacer {
   const gc = collector();
   let collections = 0;
-  // What survived the last collection: the live Buffers of the deliveries in progress.
-  let live = 0;
+  // The least ArrayBuffer memory seen since the last collection: the deliveries' live Buffers, plus
+  // what arrived since. Read right after a collection it is too high (V8 frees the dead ArrayBuffers
+  // on a helper thread, a little later), so each interval may lower it.
+  let floor = 0;
   const timer = setInterval(() => {
-    if (process.memoryUsage().arrayBuffers > live + headroomBytes) {
+    const now = process.memoryUsage().arrayBuffers;
+    floor = Math.min(floor, now);
+    if (now > floor + headroomBytes) {
       gc({ type: 'major' });
       collections++;
-      live = process.memoryUsage().arrayBuffers;
+      floor = process.memoryUsage().arrayBuffers;
     }
   }, intervalMs);
   timer.unref();

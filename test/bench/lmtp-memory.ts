@@ -6,13 +6,15 @@
  * throughput. Every stored copy is then checked against the SHA-256 of what was sent.
  *
  * BENCH_MESSAGES (10) and BENCH_MESSAGE_BYTES (26214400) change the load; BENCH_ADMIN_URL the server.
- * BENCH_GC=1 runs the receiver with --expose-gc and collects before every sample: the figures are then
+ * The receiver runs with the `lmtp` entry's V8 heap flags (src/heap-flags.ts), as in production;
+ * BENCH_HEAP_FLAGS=0 runs it with V8's defaults. BENCH_GC=1 runs the receiver with --expose-gc and collects before every sample: the figures are then
  * live memory, without the garbage V8 lets pile up between collections.
  */
 import { type ChildProcess, fork } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { newInboxId } from '../../src/core/ids.ts';
+import { HEAP_FLAGS } from '../../src/heap-flags.ts';
 import { migrate } from '../../src/storage/migrate.ts';
 import { LmtpClient } from '../lmtp/lmtp-client.ts';
 
@@ -159,7 +161,11 @@ async function main(): Promise<void> {
 
   const child: ChildProcess = fork(new URL(import.meta.url).pathname, ['--receiver'], {
     stdio: 'inherit',
-    execArgv: [...process.execArgv, ...(process.env.BENCH_GC === '1' ? ['--expose-gc'] : [])],
+    execArgv: [
+      ...process.execArgv,
+      ...(process.env.BENCH_HEAP_FLAGS === '0' ? [] : (HEAP_FLAGS.lmtp ?? [])),
+      ...(process.env.BENCH_GC === '1' ? ['--expose-gc'] : []),
+    ],
   });
   const messages: FromChild[] = [];
   let wake: () => void = () => {};

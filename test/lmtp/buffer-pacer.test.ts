@@ -1,5 +1,5 @@
 /**
- * paceBufferGarbage: once ArrayBuffer memory exceeds what survived its last collection by its headroom
+ * paceBufferGarbage: once ArrayBuffer memory exceeds the least seen since its last collection by its headroom
  * it collects, and the garbage Buffers' memory comes back; below that, it never collects, however much
  * of the memory is live.
  */
