@@ -181,7 +181,7 @@ export class PgMessageStore implements MessageStore {
   }
 
   async find(inboxId: string, messageId: string): Promise<MessageRecord | undefined> {
-    // octet_length of an uncompressed (STORAGE EXTERNAL) value reads only its TOAST pointer, not the data.
+    // octet_length reads the raw size from each value's header (TOAST pointer or lz4 header), not the data.
     const [row] = await this.#db.rows<MessageRow & { stored_bytes: number }>(
       'message-find',
       `SELECT ${MESSAGE_COLUMNS},

@@ -166,7 +166,8 @@ export class PgSweeperStore implements SweeperStore {
     after: MessageKey | null,
     limit: number,
   ): Promise<(MessageKey & { sizeBytes: number; storedBytes: number })[]> {
-    // octet_length of an uncompressed (STORAGE EXTERNAL) chunk reads its TOAST pointer, not its bytes.
+    // octet_length of a chunk reads its raw size from the value's header (TOAST pointer or lz4 header), not
+    // its bytes.
     const rows = await this.#batch((client) =>
       query<PickedRow & { stored_bytes: number }>(
         client,

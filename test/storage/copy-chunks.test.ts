@@ -1,7 +1,8 @@
 /**
  * A streamed message's chunks go in with one binary COPY (src/storage/copy-chunks.ts): the bytes
  * arrive cut at CHUNK_BYTES whatever the pieces; a body that fails cancels the COPY and stores nothing;
- * a database error during the COPY is thrown, not hung on; the connection is usable afterwards.
+ * a database error during the COPY is thrown, not hung on; the connection is usable afterwards. Text is
+ * stored lz4-compressed (migration 20261126000000), what does not compress as it is.
  */
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
@@ -53,6 +54,51 @@ test('chunks are cut at CHUNK_BYTES whatever the pieces, and hold the bytes as s
     { seq: 1, length: CHUNK_BYTES, md5: md5(data.subarray(CHUNK_BYTES, 2 * CHUNK_BYTES)) },
     { seq: 2, length: 12_345, md5: md5(data.subarray(2 * CHUNK_BYTES)) },
   ]);
+});
+
+test('text chunks are stored lz4-compressed and random ones as they are; both read back exact, at full length', async () => {
+  const inbox = await h.provision();
+  const text = Buffer.from('<p>Confirm your address: follow the link below.</p>\r\n'.repeat(12_000));
+  const random = randomBytes(CHUNK_BYTES + 1000);
+  for (const [id, data] of [
+    ['msg_lz4_text', text],
+    ['msg_lz4_random', random],
+  ] as const) {
+    await db.transaction(async (client) => {
+      await inFlight(client, inbox.inbox_id, id);
+      return copyChunks(client, inbox.inbox_id, id, pieces(data, 65_536), CHUNK_BYTES);
+    });
+  }
+  const rows = await db.rows<{
+    message_id: string;
+    compression: string | null;
+    length: number;
+    data: Buffer;
+  }>(
+    'test-compression',
+    `SELECT message_id, pg_column_compression(data) AS compression, octet_length(data) AS length, data
+     FROM message_chunks WHERE inbox_id = $1 ORDER BY message_id, seq`,
+    [inbox.inbox_id],
+  );
+  const of = (id: string) => rows.filter((row) => row.message_id === id);
+  assert.deepEqual(
+    of('msg_lz4_text').map((row) => row.compression),
+    ['lz4', 'lz4', 'lz4'],
+  );
+  assert.deepEqual(
+    of('msg_lz4_random').map((row) => row.compression),
+    [null, null],
+  );
+  for (const [id, data] of [
+    ['msg_lz4_text', text],
+    ['msg_lz4_random', random],
+  ] as const) {
+    assert.ok(Buffer.concat(of(id).map((row) => row.data)).equals(data), `${id} reads back exact`);
+    assert.equal(
+      of(id).reduce((sum, row) => sum + row.length, 0),
+      data.length,
+    );
+  }
 });
 
 test('a body that fails mid-message cancels the COPY: its error is thrown and nothing is stored', async () => {
