@@ -9,16 +9,13 @@
  * mail brings a MiB of socket Buffers, which a 16 MB semi-space promotes; concurrent marking was
  * about 45% of both daemons' CPU. `--initial-old-space-size=128` moves the first limit away from the
  * start-up heap, `--max-semi-space-size=8` keeps the young generation small enough that V8 does not
- * count the remaining room as already used. Measured with these two: receiver 8.9 -> 3.9 ms and milter 5.5 -> 3.3 ms
- * per 1 MiB message, 3 mark-compacts in 2,000 messages (the buffer pacer's) instead of one per
- * 50-80 ms; 10 KiB messages 1.0 -> 0.8 ms in the receiver. Only the old generation's *first* limit
- * moves: V8 still collects when the heap really grows.
+ * count the remaining room as already used. Measured (mail-bench, ours alone, 600 messages of 1 MiB):
+ * receiver 8.8-9.2 -> 4.9-5.3 ms, milter 5-6 -> 2.9-3.4 ms per message, the receiver's mark-compacts
+ * from one per 50-80 ms to its pacer's few; 10 KiB messages: receiver 1.0 -> 0.8 ms. Only the old
+ * generation's *first* limit moves: V8 still collects when the heap really grows.
  *
- * The receiver also frees dead ArrayBuffers in the collection itself
- * (`--no-concurrent-array-buffer-sweeping`): with fewer collections its garbage Buffers are paced by
- * buffer-pacer.ts, and freed on a helper thread they came back late on a busy machine; ten 25 MiB
- * deliveries at once then grew its RSS by 78-85 MiB (lmtp-memory.ts; target under 64), 41-46 with
- * the flag. It costs some of the gain: 1 MiB mail-bench, receiver 9 -> 6.5-7 ms (4-4.6 without it).
+ * With collections this rare, the receiver's garbage socket Buffers are left to its buffer pacer
+ * (src/lmtp/buffer-pacer.ts), which frees them mostly with young-generation collections.
  *
  * A flag the operator already gives (on the command line or in NODE_OPTIONS) is left as given.
  * HEAP_FLAGS_APPLIED in the new process's environment makes sure this happens once.
@@ -26,11 +23,10 @@
 
 /** Extra V8 flags per entry of src/main.ts; entries not listed run with V8's defaults. */
 const BYTE_MOVERS = ['--initial-old-space-size=128', '--max-semi-space-size=8'];
-const PACED = [...BYTE_MOVERS, '--no-concurrent-array-buffer-sweeping'];
 export const HEAP_FLAGS: Readonly<Record<string, readonly string[]>> = {
   milter: BYTE_MOVERS,
-  lmtp: PACED,
-  all: PACED,
+  lmtp: BYTE_MOVERS,
+  all: BYTE_MOVERS,
 };
 
 const APPLIED = 'HEAP_FLAGS_APPLIED';

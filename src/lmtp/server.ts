@@ -22,6 +22,7 @@
  *              socket that only Postfix can reach.
  */
 
+import type { Socket } from 'node:net';
 import {
   SMTPServer,
   type SMTPServerDataResult,
@@ -161,8 +162,13 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     return recipients.map((_, i) => toReply(verdicts[i]));
   }
 
-  const { address, port } = await listenOn(server, listen, () => server.server.address());
+  // Every byte read counts towards the pacer's next check (the listener only observes; smtp-server
+  // reads the socket through its own pipe).
   const pacer = paceBufferGarbage();
+  server.server.on('connection', (socket: Socket) => {
+    socket.on('data', (piece: Buffer) => pacer.received(piece.length));
+  });
+  const { address, port } = await listenOn(server, listen, () => server.server.address());
 
   const close = () => {
     closing ??= (async () => {
