@@ -19,7 +19,10 @@
  * configuration, and each of our three daemons' (all threads, so V8's collector helpers count).
  *
  *   node test/bench/mail-bench.ts   (BENCH_SMALL_COUNT, BENCH_LARGE_COUNT, BENCH_SESSIONS, BENCH_ROUNDS,
- *                                    BENCH_WARMUP)
+ *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_SOCKETS)
+ *
+ * smtp-source's body (lines of "X") compresses a hundredfold under the chunk column's lz4;
+ * BENCH_UNCOMPRESSED=1 stores the chunks uncompressed, for the cost of bytes that do not compress.
  *
  * BENCH_SOCKETS=1 puts the policy daemon, milter and LMTP receiver on unix sockets and Postgres on its
  * socket directory (/var/run/postgresql) instead of loopback TCP; here it made no measurable difference.
@@ -46,6 +49,8 @@ import { listenOn, nullMilterServer, nullPolicyServer } from './null-daemons.ts'
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 const DB_NAME = 'inbox_mail_bench';
 const SOCKETS = process.env.BENCH_SOCKETS === '1';
+/** BENCH_UNCOMPRESSED=1: chunks stored uncompressed, as before migration 20261126000000 (lz4). */
+const UNCOMPRESSED = process.env.BENCH_UNCOMPRESSED === '1';
 const SESSIONS = Number(process.env.BENCH_SESSIONS ?? 20);
 /** Rounds per case; the table shows medians (each ratio is the median of the rounds' own ratios). */
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
@@ -72,6 +77,12 @@ async function main(): Promise<void> {
   await admin.query(`CREATE DATABASE ${DB_NAME}`);
   await admin.end();
   await migrate(dbUrl.toString());
+  if (UNCOMPRESSED) {
+    const client = new pg.Client({ connectionString: dbUrl.toString() });
+    await client.connect();
+    await client.query('ALTER TABLE message_chunks ALTER COLUMN data SET STORAGE EXTERNAL');
+    await client.end();
+  }
 
   const socketDir = await mkdtemp(join(tmpdir(), 'mail-bench-sockets-'));
   await chmod(socketDir, 0o755);
