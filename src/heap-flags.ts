@@ -17,9 +17,12 @@
  * With collections this rare, the receiver's garbage socket Buffers are left to its buffer pacer
  * (src/lmtp/buffer-pacer.ts), which frees them mostly with young-generation collections.
  *
- * A flag the operator already gives (on the command line or in NODE_OPTIONS) is left as given.
- * HEAP_FLAGS_APPLIED in the new process's environment makes sure this happens once.
+ * A flag the operator already gives on the command line (or, for --max-semi-space-size, in
+ * NODE_OPTIONS, which does not accept --initial-old-space-size) is left as given; HEAP_FLAGS=off in
+ * the environment turns all of this off. HEAP_FLAGS_APPLIED in the new process's environment makes
+ * sure it happens once.
  */
+import { accessSync, constants } from 'node:fs';
 
 /** Extra V8 flags per entry of src/main.ts; entries not listed run with V8's defaults. */
 const BYTE_MOVERS = ['--initial-old-space-size=128', '--max-semi-space-size=8'];
@@ -36,26 +39,31 @@ const flagName = (flag: string) => (flag.split('=')[0] ?? flag).replaceAll('_', 
 
 /** The flags of `entry` that neither `execArgv` nor `nodeOptions` already sets (to any value). */
 export function missingHeapFlags(entry: string, execArgv: readonly string[], nodeOptions = ''): string[] {
+  const flags = Object.hasOwn(HEAP_FLAGS, entry) ? (HEAP_FLAGS[entry] ?? []) : [];
   const given = new Set([...execArgv, ...nodeOptions.split(/\s+/)].filter(Boolean).map(flagName));
-  return (HEAP_FLAGS[entry] ?? []).filter((flag) => !given.has(flagName(flag)));
+  return flags.filter((flag) => !given.has(flagName(flag)));
 }
 
 /**
- * Replaces the process with itself plus the missing flags of `entry`; returns when there are none,
- * when it already did (HEAP_FLAGS_APPLIED), or where `process.execve` is missing (not on Linux or
- * macOS) or fails: the daemon then runs with V8's defaults, slower but correct.
+ * Replaces the process with itself plus the missing flags of `entry`. Returns, running with V8's
+ * defaults (slower, correct), when there are none, when it already did (HEAP_FLAGS_APPLIED), when the
+ * operator turned it off (HEAP_FLAGS=off), where `process.execve` is missing (not on Linux or macOS),
+ * or when the node binary cannot be executed. Node aborts the process (exit 134) if execve itself
+ * fails, so the binary is checked first.
  */
 export function applyHeapFlags(entry: string): void {
-  if (process.env[APPLIED]) return;
+  if (process.env[APPLIED] || process.env.HEAP_FLAGS === 'off') return;
   const missing = missingHeapFlags(entry, process.execArgv, process.env.NODE_OPTIONS);
   if (missing.length === 0 || typeof process.execve !== 'function') return;
   try {
-    process.execve(
-      process.execPath,
-      [process.execPath, ...missing, ...process.execArgv, ...process.argv.slice(1)],
-      { ...process.env, [APPLIED]: missing.join(' ') },
-    );
+    accessSync(process.execPath, constants.X_OK);
   } catch (error) {
     process.stderr.write(`heap flags not applied (${String(error)}); running with V8's defaults\n`);
+    return;
   }
+  process.execve(
+    process.execPath,
+    [process.execPath, ...missing, ...process.execArgv, ...process.argv.slice(1)],
+    { ...process.env, [APPLIED]: missing.join(' ') },
+  );
 }

@@ -168,7 +168,12 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
   server.server.on('connection', (socket: Socket) => {
     socket.on('data', (piece: Buffer) => pacer.received(piece.length));
   });
-  const { address, port } = await listenOn(server, listen, () => server.server.address());
+  const { address, port } = await listenOn(server, listen, () => server.server.address()).catch(
+    (error: unknown) => {
+      pacer.stop();
+      throw error;
+    },
+  );
 
   const close = () => {
     closing ??= (async () => {

@@ -46,6 +46,7 @@ test('young garbage above the limit is freed by a young collection within a few 
     await until(() => arrayBuffers() < 16 * MiB);
     assert.ok(arrayBuffers() < 16 * MiB, `freed: ${(arrayBuffers() / MiB).toFixed(1)} MiB left`);
     assert.ok(pacer.youngCollections >= 1, 'a young collection ran');
+    assert.equal(pacer.fullCollections, 0, 'and was enough');
   } finally {
     pacer.stop();
   }
@@ -92,12 +93,16 @@ test('live Buffers above the headroom: it measures from them, and garbage beyond
     garbage(3);
     for (let i = 0; i < 5; i++) check();
     assert.deepEqual([pacer.youngCollections, pacer.fullCollections], [1, 1], 'under the headroom');
-    garbage(12);
+    // New garbage that only a full collection frees: a young one first, then the full one.
+    let old: Buffer[] = promoted(12);
+    old = [];
     check();
+    assert.deepEqual([pacer.youngCollections, pacer.fullCollections], [2, 1], 'young first');
     check();
-    // V8 may have freed the new garbage itself meanwhile; either way it does not stay.
+    assert.deepEqual([pacer.youngCollections, pacer.fullCollections], [2, 2], 'then full');
     await until(() => arrayBuffers() < 28 * MiB);
     assert.ok(arrayBuffers() < 28 * MiB, `freed: ${(arrayBuffers() / MiB).toFixed(1)} MiB left`);
+    assert.equal(old.length, 0);
     assert.equal(live.length, 20);
   } finally {
     pacer.stop();

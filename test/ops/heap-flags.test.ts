@@ -45,6 +45,7 @@ test('missingHeapFlags: every flag of the entry unless already given, in any spe
     '--initial-old-space-size=128',
   ]);
   assert.deepEqual(missingHeapFlags('policy', []), []);
+  assert.deepEqual(missingHeapFlags('toString', []), [], 'not an entry, whatever the prototype has');
   assert.deepEqual(missingHeapFlags('api', []), []);
 });
 
@@ -59,6 +60,12 @@ test('the LMTP receiver runs with the heap flags under the pid it was started as
   const policy = await started('policy');
   const policyArgs = await commandLine(policy.child.pid as number);
   assert.deepEqual(policyArgs.slice(1), ['src/main.ts', 'policy']);
+});
+
+test("HEAP_FLAGS=off: the receiver runs with V8's defaults", async () => {
+  const lmtp = await started('lmtp', { HEAP_FLAGS: 'off' });
+  const args = await commandLine(lmtp.child.pid as number);
+  assert.deepEqual(args.slice(1), ['src/main.ts', 'lmtp']);
 });
 
 test('a flag given in NODE_OPTIONS is kept, and the others are still added', async () => {
