@@ -63,6 +63,7 @@ test('with an empty environment every variable takes its dev default', () => {
     metricsPort: undefined,
     shutdownGraceSeconds: 30,
     logLevel: 'info',
+    heapFlags: 'on',
   };
   assert.deepEqual(loadConfig({}), expected);
   assert.deepEqual(loadConfig({ ENVIRONMENT: 'dev' }), expected);
@@ -223,6 +224,7 @@ const BAD_VALUES: [string, string][] = [
   ['SHUTDOWN_GRACE_SECONDS', '30s'],
   ['LOG_LEVEL', 'verbose'],
   ['LOG_LEVEL', 'INFO'],
+  ['HEAP_FLAGS', 'no'],
 ];
 
 test('a bad value of each variable is refused with a ConfigError naming that variable', () => {

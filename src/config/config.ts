@@ -62,6 +62,8 @@ export interface Config {
   /** How long a stopping daemon lets work in flight finish before cutting it off (SIGTERM). */
   shutdownGraceSeconds: number;
   logLevel: LogLevel;
+  /** HEAP_FLAGS: `off` runs milter, lmtp and all with V8's defaults (read by src/heap-flags.ts first). */
+  heapFlags: 'on' | 'off';
 }
 
 /** A TCP address on this host, or a unix socket path. */
@@ -261,6 +263,7 @@ export function loadConfig(env: Env = process.env): Config {
     metricsPort: metricsPort(env, 'METRICS_PORT'),
     shutdownGraceSeconds: integer(env, 'SHUTDOWN_GRACE_SECONDS', 30),
     logLevel: oneOf(env, 'LOG_LEVEL', LOG_LEVELS, 'info'),
+    heapFlags: oneOf(env, 'HEAP_FLAGS', ['on', 'off'] as const, 'on'),
   };
   return config;
 }
