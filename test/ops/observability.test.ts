@@ -134,7 +134,6 @@ before(async () => {
   mta.eoh();
   milterReplies.push(show(await mta.read()));
   mta.body(body);
-  milterReplies.push(show(await mta.read()));
   mta.macros('E', { i: 'OPSQUEUE1' });
   mta.eob();
   for (let reply = ''; reply !== 'c' && !reply.startsWith('y') && reply !== 't'; ) {
