@@ -15,7 +15,7 @@ import { buildContainer, TOKENS } from '../../src/container.ts';
 import { newMessageId } from '../../src/core/ids.ts';
 import type { MessageStore } from '../../src/core/ports.ts';
 import type { Database } from '../../src/storage/database.ts';
-import { migrate } from '../../src/storage/migrate.ts';
+import { recreateDatabase } from '../support/database.ts';
 
 const INBOXES = 1000;
 const MESSAGES_PER_INBOX = 20;
@@ -66,12 +66,7 @@ function ensureWrk(): void {
 }
 
 async function resetDatabase(): Promise<void> {
-  const admin = new pg.Client({ connectionString: ADMIN_URL });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`);
-  await admin.query(`CREATE DATABASE ${DB_NAME}`);
-  await admin.end();
-  await migrate(dbUrl);
+  await recreateDatabase(DB_NAME, ADMIN_URL);
 }
 
 async function startProcess(

@@ -12,11 +12,11 @@
  *   node test/bench/chunk-storage.ts   (BENCH_MESSAGES: messages per content and storage, default 60)
  */
 import { randomBytes } from 'node:crypto';
-import { readFile } from 'node:fs/promises';
 import pg from 'pg';
 import { copyChunks } from '../../src/storage/copy-chunks.ts';
 import { CHUNK_BYTES } from '../../src/storage/message-store.ts';
-import { migrate } from '../../src/storage/migrate.ts';
+import { recreateDatabase } from '../support/database.ts';
+import { sampleCpu } from './cpu-usage.ts';
 
 const ADMIN_URL = process.env.BENCH_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 const DB_NAME = 'inbox_chunk_bench';
@@ -55,11 +55,11 @@ const CONTENTS: Record<string, () => Buffer> = {
   },
 };
 
+/** The CPU milliseconds this connection's Postgres backend has used so far (cpu-usage.ts). */
 async function backendCpuMs(client: pg.Client): Promise<number> {
   const { rows } = await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid');
-  const stat = await readFile(`/proc/${rows[0]?.pid}/stat`, 'utf8');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  return (Number(fields[11]) + Number(fields[12])) * 10;
+  const { processes } = await sampleCpu({ backend: rows[0]?.pid as number });
+  return (processes.backend ?? 0) * 1000;
 }
 
 async function scalar(client: pg.Client, sql: string): Promise<number> {
@@ -68,15 +68,8 @@ async function scalar(client: pg.Client, sql: string): Promise<number> {
 }
 
 async function main(): Promise<void> {
-  const admin = new pg.Client({ connectionString: ADMIN_URL });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`);
-  await admin.query(`CREATE DATABASE ${DB_NAME}`);
-  await admin.end();
-  const url = new URL(ADMIN_URL);
-  url.pathname = `/${DB_NAME}`;
-  await migrate(url.toString());
-  const client = new pg.Client({ connectionString: url.toString() });
+  const url = await recreateDatabase(DB_NAME, ADMIN_URL);
+  const client = new pg.Client({ connectionString: url });
   await client.connect();
   const out: string[] = [];
   try {

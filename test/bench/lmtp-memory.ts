@@ -15,8 +15,8 @@ import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { newInboxId } from '../../src/core/ids.ts';
 import { HEAP_FLAGS } from '../../src/heap-flags.ts';
-import { migrate } from '../../src/storage/migrate.ts';
 import { LmtpClient } from '../lmtp/lmtp-client.ts';
+import { recreateDatabase } from '../support/database.ts';
 
 const MESSAGES = Number(process.env.BENCH_MESSAGES ?? 10);
 const MESSAGE_BYTES = Number(process.env.BENCH_MESSAGE_BYTES ?? 25 * 1024 * 1024);
@@ -145,11 +145,7 @@ async function send(
 const mib = (bytes: number) => (bytes / MiB).toFixed(1);
 
 async function main(): Promise<void> {
-  await admin(ADMIN_URL, async (client) => {
-    await client.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`);
-    await client.query(`CREATE DATABASE ${DB_NAME}`);
-  });
-  await migrate(dbUrl);
+  await recreateDatabase(DB_NAME, ADMIN_URL);
   const inboxes = Array.from({ length: MESSAGES + 1 }, () => newInboxId());
   await admin(dbUrl, (client) =>
     client.query(

@@ -39,7 +39,7 @@ import type { InboxService } from '../../src/core/inbox-service.ts';
 import { PostfixInstance } from '../../src/postfix/instance.ts';
 import { renderPostfix } from '../../src/postfix/render.ts';
 import type { Database } from '../../src/storage/database.ts';
-import { migrate } from '../../src/storage/migrate.ts';
+import { recreateDatabase } from '../support/database.ts';
 import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
 import { freePort } from '../support/sender-postfix.ts';
@@ -69,14 +69,7 @@ const run = (cmd: string, args: string[]) =>
   );
 
 async function main(): Promise<void> {
-  const dbUrl = new URL(ADMIN_URL);
-  dbUrl.pathname = `/${DB_NAME}`;
-  const admin = new pg.Client({ connectionString: ADMIN_URL });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`);
-  await admin.query(`CREATE DATABASE ${DB_NAME}`);
-  await admin.end();
-  await migrate(dbUrl.toString());
+  const dbUrl = new URL(await recreateDatabase(DB_NAME, ADMIN_URL));
   if (UNCOMPRESSED) {
     const client = new pg.Client({ connectionString: dbUrl.toString() });
     await client.connect();

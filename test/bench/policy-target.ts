@@ -6,12 +6,11 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { connect } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
-import pg from 'pg';
 import { type Config, loadConfig } from '../../src/config/config.ts';
 import { buildContainer, TOKENS } from '../../src/container.ts';
 import type { InboxService } from '../../src/core/inbox-service.ts';
 import type { Database } from '../../src/storage/database.ts';
-import { migrate } from '../../src/storage/migrate.ts';
+import { recreateDatabase } from '../support/database.ts';
 import { freePort } from '../support/sender-postfix.ts';
 
 export interface BenchTarget {
@@ -29,14 +28,7 @@ const DB_NAME = 'inbox_policy_bench';
 const INBOXES = 1000;
 
 export async function startTarget(): Promise<BenchTarget> {
-  const url = new URL(ADMIN_URL);
-  url.pathname = `/${DB_NAME}`;
-  const admin = new pg.Client({ connectionString: ADMIN_URL });
-  await admin.connect();
-  await admin.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`);
-  await admin.query(`CREATE DATABASE ${DB_NAME}`);
-  await admin.end();
-  await migrate(url.toString());
+  const url = new URL(await recreateDatabase(DB_NAME, ADMIN_URL));
   const port = await freePort();
   const env = {
     ENVIRONMENT: 'dev',

@@ -17,14 +17,14 @@ const template = (): string => {
   return name;
 };
 
-export function databaseUrl(name: string): string {
-  const url = new URL(ADMIN_URL);
+export function databaseUrl(name: string, adminUrl = ADMIN_URL): string {
+  const url = new URL(adminUrl);
   url.pathname = `/${name}`;
   return url.toString();
 }
 
-async function admin<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: ADMIN_URL });
+async function admin<T>(fn: (client: pg.Client) => Promise<T>, adminUrl = ADMIN_URL): Promise<T> {
+  const client = new pg.Client({ connectionString: adminUrl });
   await client.connect();
   try {
     return await fn(client);
@@ -33,13 +33,18 @@ async function admin<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
   }
 }
 
-/** Creates and migrates this run's template. Run once before the test files. */
-export async function prepareTemplate(name: string): Promise<void> {
+/**
+ * Drops `name` if it exists, creates it anew on the server of `adminUrl` and migrates it; returns its
+ * URL. This run's template (once, before the test files) and each benchmark's scratch database.
+ */
+export async function recreateDatabase(name: string, adminUrl = ADMIN_URL): Promise<string> {
   await admin(async (client) => {
     await client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
     await client.query(`CREATE DATABASE ${name}`);
-  });
-  await migrate(databaseUrl(name));
+  }, adminUrl);
+  const url = databaseUrl(name, adminUrl);
+  await migrate(url);
+  return url;
 }
 
 export async function dropDatabase(name: string): Promise<void> {

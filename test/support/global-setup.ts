@@ -4,13 +4,13 @@
  * The name is unique per run, so runs side by side never disturb each other.
  */
 import { randomBytes } from 'node:crypto';
-import { dropDatabase, prepareTemplate } from './database.ts';
+import { dropDatabase, recreateDatabase } from './database.ts';
 
 const name = `inbox_test_template_${randomBytes(4).toString('hex')}`;
 
 export async function globalSetup(): Promise<void> {
   process.env.INBOX_TEST_TEMPLATE = name;
-  await prepareTemplate(name);
+  await recreateDatabase(name);
 }
 
 export async function globalTeardown(): Promise<void> {
