@@ -46,13 +46,13 @@ export function missingHeapFlags(entry: string, execArgv: readonly string[], nod
 
 /**
  * Replaces the process with itself plus the missing flags of `entry`. Returns, running with V8's
- * defaults (slower, correct), when there are none, when it already did (HEAP_FLAGS_APPLIED), when the
- * operator turned it off (HEAP_FLAGS=off), where `process.execve` is missing (not on Linux or macOS),
- * or when the node binary cannot be executed. Node aborts the process (exit 134) if execve itself
- * fails, so the binary is checked first.
+ * defaults (slower, correct), when there are none, when it already did (HEAP_FLAGS_APPLIED), when
+ * `enabled` is false (HEAP_FLAGS=off), where `process.execve` is missing (not on Linux or macOS), or
+ * when the node binary cannot be executed. Node aborts the process (exit 134) if execve itself fails,
+ * so the binary is checked first.
  */
-export function applyHeapFlags(entry: string): void {
-  if (process.env[APPLIED] || process.env.HEAP_FLAGS === 'off') return;
+export function applyHeapFlags(entry: string, enabled: boolean): void {
+  if (!enabled || process.env[APPLIED]) return;
   const missing = missingHeapFlags(entry, process.execArgv, process.env.NODE_OPTIONS);
   if (missing.length === 0 || typeof process.execve !== 'function') return;
   try {

@@ -43,7 +43,10 @@ async function main(argv: string[]): Promise<void> {
     process.stderr.write(`usage: node src/main.ts ${ENTRIES.join(' | ')}\n`);
     process.exit(64);
   }
-  const config = await ensureSecretKey(loadConfig());
+  const loaded = loadConfig();
+  // Before anything else starts: this may replace the process (same pid) with one that has the flags.
+  applyHeapFlags(entry, loaded.heapFlags === 'on');
+  const config = await ensureSecretKey(loaded);
   const logOf = (daemon: string) => createLog(daemon, undefined, config.logLevel);
   const log = logOf(entry);
   if (entry === 'migrate' || entry === 'all') {
@@ -167,7 +170,6 @@ async function main(argv: string[]): Promise<void> {
   }
 }
 
-applyHeapFlags(process.argv[2] ?? 'all');
 main(process.argv.slice(2)).catch((error: unknown) => {
   if (error instanceof ConfigError) {
     process.stderr.write(`configuration error: ${error.message}\n`);

@@ -62,7 +62,7 @@ export interface Config {
   /** How long a stopping daemon lets work in flight finish before cutting it off (SIGTERM). */
   shutdownGraceSeconds: number;
   logLevel: LogLevel;
-  /** HEAP_FLAGS: `off` runs milter, lmtp and all with V8's defaults (read by src/heap-flags.ts first). */
+  /** HEAP_FLAGS: `off` runs milter, lmtp and all with V8's defaults (src/heap-flags.ts). */
   heapFlags: 'on' | 'off';
 }
 
