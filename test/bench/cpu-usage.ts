@@ -2,7 +2,7 @@
  * cpu-usage - CPU time spent by given processes (all their threads: V8's collector helpers included)
  * and by the whole machine, read from /proc, for the benchmarks' per-message CPU figures. Linux only.
  */
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 
 /** Clock ticks per second of /proc's counters (USER_HZ; 100 on Linux). */
 const TICKS_PER_SECOND = 100;
@@ -34,5 +34,43 @@ export function perMessageMs(before: CpuSample, after: CpuSample, messages: numb
   for (const name of Object.keys(after.processes))
     result[name] = ms((after.processes[name] ?? 0) - (before.processes[name] ?? 0));
   result.machine = ms(after.machine - before.machine);
+  return result;
+}
+
+/** Every live process's CPU seconds and command name (the kernel's `comm`), by pid. */
+export type ProcessTable = Map<number, { command: string; seconds: number }>;
+
+export async function sampleProcesses(): Promise<ProcessTable> {
+  const table: ProcessTable = new Map();
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
+    if (!stat) continue;
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    table.set(Number(entry), {
+      command: stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')),
+      seconds: (Number(fields[11]) + Number(fields[12])) / TICKS_PER_SECOND,
+    });
+  }
+  return table;
+}
+
+/**
+ * Milliseconds of CPU per message by command name (postgres, smtpd, cleanup, node, ...) between two
+ * samples: processes alive at the second, less what each had at the first. A process that exited in
+ * between is missing, so this is for long-lived processes (Postfix reuses its daemons; the pools'
+ * Postgres backends stay).
+ */
+export function perCommandMs(
+  before: ProcessTable,
+  after: ProcessTable,
+  messages: number,
+): Record<string, number> {
+  const result: Record<string, number> = {};
+  for (const [pid, now] of after) {
+    const then = before.get(pid);
+    const seconds = now.seconds - (then?.command === now.command ? then.seconds : 0);
+    result[now.command] = (result[now.command] ?? 0) + (seconds * 1000) / messages;
+  }
   return result;
 }

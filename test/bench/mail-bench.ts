@@ -19,7 +19,10 @@
  * configuration, and each of our three daemons' (all threads, so V8's collector helpers count).
  *
  *   node test/bench/mail-bench.ts   (BENCH_SMALL_COUNT, BENCH_LARGE_COUNT, BENCH_SESSIONS, BENCH_ROUNDS,
- *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_SOCKETS)
+ *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_SOCKETS, BENCH_BY_COMMAND)
+ *
+ * A count of 0 skips that case. BENCH_BY_COMMAND=1 adds each run's CPU per message by command name
+ * (postgres, smtpd, cleanup, lmtp, node, ...): where the machine's time goes beyond our three daemons.
  *
  * smtp-source's body (lines of "X") compresses a hundredfold under the chunk column's lz4;
  * BENCH_UNCOMPRESSED=1 stores the chunks uncompressed, for the cost of bytes that do not compress.
@@ -43,7 +46,7 @@ import { recreateDatabase } from '../support/database.ts';
 import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
 import { freePort } from '../support/sender-postfix.ts';
-import { perMessageMs, sampleCpu } from './cpu-usage.ts';
+import { perCommandMs, perMessageMs, sampleCpu, sampleProcesses } from './cpu-usage.ts';
 import { listenOn, nullMilterServer, nullPolicyServer } from './null-daemons.ts';
 
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
@@ -56,10 +59,12 @@ const SESSIONS = Number(process.env.BENCH_SESSIONS ?? 20);
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 /** The warm-up round's size, as a fraction of the measured round's. */
 const WARMUP = Number(process.env.BENCH_WARMUP ?? 0.5);
+/** BENCH_BY_COMMAND=1: also print each run's CPU ms/message by command name (postgres, smtpd, ...). */
+const BY_COMMAND = process.env.BENCH_BY_COMMAND === '1';
 const CASES = [
   { name: '10 KiB', bytes: 10 * 1024, count: Number(process.env.BENCH_SMALL_COUNT ?? 2000), target: 0.5 },
   { name: '1 MiB', bytes: 1024 * 1024, count: Number(process.env.BENCH_LARGE_COUNT ?? 300), target: 0.6 },
-];
+].filter((c) => c.count > 0);
 const NODE = process.execPath;
 const run = (cmd: string, args: string[]) =>
   new Promise<string>((resolve, reject) =>
@@ -298,8 +303,16 @@ async function measure(
   // ours; cold, the first 2,000 10 KiB messages went about 20% slower).
   await send(Math.max(SESSIONS, Math.round(c.count * WARMUP)));
   const before = await sampleCpu(pids);
+  const table = BY_COMMAND ? await sampleProcesses() : undefined;
   const seconds = await send(c.count);
   const cpu = perMessageMs(before, await sampleCpu(pids), c.count);
+  if (table) {
+    const byCommand = Object.entries(perCommandMs(table, await sampleProcesses(), c.count))
+      .filter(([, ms]) => ms >= 0.05)
+      .sort((a, b) => b[1] - a[1])
+      .map(([command, ms]) => `${command} ${ms.toFixed(2)}`);
+    process.stdout.write(`${label} ${c.name} by command: ${byCommand.join(', ')}\n`);
+  }
   const rate = c.count / seconds;
   const cpuText = Object.entries(cpu)
     .map(([name, ms]) => `${name} ${ms.toFixed(2)}`)
