@@ -10,7 +10,10 @@ import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } 
 import { parseBinaryCopy } from './copy-binary.ts';
 import { copyChunks } from './copy-chunks.ts';
 import type { Database } from './database.ts';
+import type { InboxBatcher } from './inbox-batcher.ts';
+import { RESERVE_SQL, type ReserveOutcome, singleInboxReservations } from './reserve-batch.ts';
 import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
+import { type StoreOutcome, type WholeMessage, wholeMessageStores } from './store-batch.ts';
 
 /** Bytes per stored chunk: bounds memory per delivery and per download (DESIGN decision 7). */
 export const CHUNK_BYTES = 256 * 1024;
@@ -62,9 +65,13 @@ type EventRow = Pick<
 
 export class PgMessageStore implements MessageStore {
   readonly #db: Database;
+  readonly #wholeStores: InboxBatcher<WholeMessage, StoreOutcome>;
+  readonly #singleReservations: InboxBatcher<Reservation, ReserveOutcome>;
 
   constructor(db: Database) {
     this.#db = db;
+    this.#wholeStores = wholeMessageStores(db);
+    this.#singleReservations = singleInboxReservations(db);
   }
 
   async reserve(r: Reservation): Promise<'reserved' | 'exists' | 'over_quota'> {
@@ -84,7 +91,8 @@ export class PgMessageStore implements MessageStore {
   }
 
   /**
-   * One round trip: reserve_messages (migrations/20261123000000_delivery_functions.ts) locks the inboxes
+   * A reservation in one inbox goes through reserve-batch.ts (several for one inbox share a call). For
+   * several inboxes, one round trip: reserve_messages (migrations/20261123000000_delivery_functions.ts) locks the inboxes
    * in the order given, so that two multi-inbox reservations cannot deadlock, checks each, and reserves in
    * all of them or in none (DESIGN decision 4).
    */
@@ -93,9 +101,10 @@ export class PgMessageStore implements MessageStore {
     if (!first) return [];
     if (ordered.some((r) => r.queueId !== first.queueId || r.envelopeFrom !== first.envelopeFrom))
       throw new Error('the reservations of one delivery share its queue id and envelope sender');
+    if (ordered.length === 1) return [await this.#singleReservations.run(first.inboxId, first)];
     const [row] = await this.#db.rows<{ outcomes: ('reserved' | 'exists' | 'over_quota')[] }>(
       'reserve-messages',
-      'SELECT reserve_messages($1, $2, $3, $4, $5, $6) AS outcomes',
+      RESERVE_SQL,
       [
         ordered.map((r) => r.inboxId),
         ordered.map((r) => r.messageId),
@@ -109,9 +118,9 @@ export class PgMessageStore implements MessageStore {
   }
 
   /**
-   * A message that fits in one chunk (most mail) is stored with one call, store_whole_message, once its
-   * bytes have arrived, so no connection waits on the sender; a larger one streams chunk by chunk inside
-   * a transaction. Either way the message becomes visible, with its event position, in the step that
+   * A message that fits in one chunk (most mail) is stored with one call once its bytes have arrived, so
+   * no connection waits on the sender; several for one inbox share a call (store-batch.ts). A larger one
+   * streams chunk by chunk inside a transaction. Either way the message becomes visible, with its event position, in the step that
    * stores its last byte (DESIGN decision 8).
    */
   async store(
@@ -130,24 +139,23 @@ export class PgMessageStore implements MessageStore {
     return this.#storeStreaming(d, prepended(head, pieces));
   }
 
-  async #storeWhole(d: Delivery, data: Buffer): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
-    const [row] = await this.#db.rows<{ out_kind: 'stored' | 'duplicate'; out_message_id: string }>(
-      'delivery-store-whole',
-      'SELECT out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)',
-      [
-        d.inboxId,
-        newMessageId(),
-        d.queueId,
-        d.envelopeFrom,
-        d.now,
-        data,
-        CHUNK_BYTES,
-        createHash('sha256').update(data).digest(),
-        ...summaryValues(d),
-      ],
-    );
-    if (!row) throw new Error('store_whole_message returned no row');
-    return { kind: row.out_kind, messageId: row.out_message_id };
+  #storeWhole(d: Delivery, data: Buffer): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
+    const { fromName, fromAddress, subject, internetMessageId, authentication } = d.summary;
+    return this.#wholeStores.run(d.inboxId, {
+      inboxId: d.inboxId,
+      newMessageId: newMessageId(),
+      queueId: d.queueId,
+      envelopeFrom: d.envelopeFrom,
+      now: d.now.toISOString(),
+      data,
+      chunkBytes: CHUNK_BYTES,
+      sha256: createHash('sha256').update(data).digest(),
+      fromName,
+      fromAddress,
+      subject,
+      internetMessageId,
+      authentication: authentication ? JSON.stringify(authentication) : null,
+    });
   }
 
   async #storeStreaming(

@@ -1,0 +1,99 @@
+/**
+ * store-batch - the receiver's store of a whole message (at most one chunk) through an InboxBatcher:
+ * alone, store_whole_message; several for one inbox, one store_whole_messages call
+ * (migrations/20261127000000_store_batch.ts), which stores each exactly as store_whole_message does, in
+ * the order given, idempotently on (inbox, queue id) within the batch too.
+ */
+import type { Database } from './database.ts';
+import { InboxBatcher } from './inbox-batcher.ts';
+
+export interface WholeMessage {
+  inboxId: string;
+  /** The id the message gets if it is new. */
+  newMessageId: string;
+  queueId: string;
+  envelopeFrom: string;
+  /** ISO 8601. */
+  now: string;
+  data: Buffer;
+  chunkBytes: number;
+  sha256: Buffer;
+  fromName: string | null;
+  fromAddress: string | null;
+  subject: string | null;
+  internetMessageId: string | null;
+  /** JSON text, or null. */
+  authentication: string | null;
+}
+
+export interface StoreOutcome {
+  kind: 'stored' | 'duplicate';
+  messageId: string;
+}
+
+interface OutcomeRow {
+  n: number;
+  out_kind: 'stored' | 'duplicate';
+  out_message_id: string;
+}
+
+const SINGLE_SQL =
+  'SELECT 1 AS n, out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)';
+const BATCH_SQL =
+  'SELECT n, out_kind, out_message_id FROM store_whole_messages($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)';
+
+export function wholeMessageStores(db: Database): InboxBatcher<WholeMessage, StoreOutcome> {
+  return new InboxBatcher<WholeMessage, StoreOutcome>({
+    bytes: (m) => m.data.length,
+    async single(m) {
+      const [row] = await db.rows<OutcomeRow>('delivery-store-whole', SINGLE_SQL, [
+        m.inboxId,
+        m.newMessageId,
+        m.queueId,
+        m.envelopeFrom,
+        m.now,
+        m.data,
+        m.chunkBytes,
+        m.sha256,
+        m.fromName,
+        m.fromAddress,
+        m.subject,
+        m.internetMessageId,
+        m.authentication,
+      ]);
+      if (!row) throw new Error('store_whole_message returned no row');
+      return { kind: row.out_kind, messageId: row.out_message_id };
+    },
+    async batch(messages) {
+      const column = <T>(pick: (m: WholeMessage) => T) => messages.map(pick);
+      const rows = await db.rows<OutcomeRow>('delivery-store-batch', BATCH_SQL, [
+        messages[0]?.inboxId,
+        column((m) => m.newMessageId),
+        column((m) => m.queueId),
+        column((m) => m.envelopeFrom),
+        column((m) => m.now),
+        Buffer.concat(column((m) => m.data)),
+        column((m) => m.data.length),
+        messages[0]?.chunkBytes,
+        Buffer.concat(column((m) => m.sha256)),
+        column((m) => m.fromName),
+        column((m) => m.fromAddress),
+        column((m) => m.subject),
+        column((m) => m.internetMessageId),
+        column((m) => m.authentication),
+      ]);
+      return inOrder(rows, messages.length).map((row) => ({
+        kind: row.out_kind,
+        messageId: row.out_message_id,
+      }));
+    },
+  });
+}
+
+/** Rows numbered n = 1..count, in that order; throws when one is missing. */
+export function inOrder<Row extends { n: number }>(rows: Row[], count: number): Row[] {
+  const ordered: Row[] = [];
+  for (const row of rows) ordered[row.n - 1] = row;
+  for (let i = 0; i < count; i++) if (!ordered[i]) throw new Error(`no row for item ${i + 1} of ${count}`);
+  return ordered;
+}
