@@ -17,6 +17,9 @@
  * - A batch is one statement, so one transaction. When it fails, nothing of it happened, and each item
  *   is run again on its own, one after another: an item Postgres refuses fails only itself.
  * - A batch carries at most `maxBatch` items and, beyond its first, `maxBatchBytes` of `bytes(item)`.
+ * - A statement still out after `laneTimeoutMs` no longer holds its inbox's lane: what waits goes out
+ *   beside it. A statement that never returns (a connection that died silently) then stalls only its
+ *   own items, as it did before batching, not every later delivery to that inbox.
  */
 
 export interface BatchStatements<Item, Result> {
@@ -43,10 +46,16 @@ export class InboxBatcher<Item, Result> {
   /** Statements sent and the items they carried, for tests and benchmarks. */
   readonly counts = { statements: 0, items: 0 };
 
-  constructor(statements: BatchStatements<Item, Result>, maxBatch = 64, maxBatchBytes = 4 * 1024 * 1024) {
+  readonly #laneTimeoutMs: number;
+
+  constructor(
+    statements: BatchStatements<Item, Result>,
+    { maxBatch = 64, maxBatchBytes = 4 * 1024 * 1024, laneTimeoutMs = 30_000 } = {},
+  ) {
     this.#statements = statements;
     this.#maxBatch = maxBatch;
     this.#maxBatchBytes = maxBatchBytes;
+    this.#laneTimeoutMs = laneTimeoutMs;
   }
 
   run(inboxId: string, item: Item): Promise<Result> {
@@ -66,24 +75,31 @@ export class InboxBatcher<Item, Result> {
     this.#inFlight.add(inboxId);
     this.counts.statements++;
     this.counts.items += batch.length;
-    const sent =
-      batch.length === 1 ? this.#runSingle(batch[0] as Pending<Item, Result>) : this.#runBatch(batch);
-    void sent.finally(() => {
+    let released = false;
+    const release = () => {
+      if (released) return;
+      released = true;
+      clearTimeout(timer);
       this.#inFlight.delete(inboxId);
       const next = this.#take(inboxId);
       if (next.length > 0) this.#send(inboxId, next);
-    });
+    };
+    const timer = setTimeout(release, this.#laneTimeoutMs);
+    timer.unref();
+    // #runSingle and #runBatch settle their items themselves and never reject.
+    const sent =
+      batch.length === 1 ? this.#runSingle(batch[0] as Pending<Item, Result>) : this.#runBatch(batch);
+    void sent.then(release);
   }
 
   /** The inbox's next batch, in arrival order, within the bounds. */
   #take(inboxId: string): Pending<Item, Result>[] {
     const queue = this.#waiting.get(inboxId);
     if (!queue) return [];
-    const weigh = this.#statements.bytes;
     let bytes = 0;
     let count = 0;
     for (const pending of queue) {
-      bytes += weigh ? weigh(pending.item) : 0;
+      bytes += this.#statements.bytes?.(pending.item) ?? 0;
       if (count > 0 && (count >= this.#maxBatch || bytes > this.#maxBatchBytes)) break;
       count++;
     }

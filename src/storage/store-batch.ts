@@ -1,8 +1,8 @@
 /**
  * store-batch - the receiver's store of a whole message (at most one chunk) through an InboxBatcher:
  * alone, store_whole_message; several for one inbox, one store_whole_messages call
- * (migrations/20261127000000_store_batch.ts), which stores each exactly as store_whole_message does, in
- * the order given, idempotently on (inbox, queue id) within the batch too.
+ * (migrations/20261127000000_inbox_batches.ts), which stores each as store_whole_message does, in the
+ * order given, idempotently on (inbox, queue id) within the batch too.
  */
 import type { Database } from './database.ts';
 import { InboxBatcher } from './inbox-batcher.ts';

@@ -28,7 +28,7 @@ function recording(overrides: Partial<BatchStatements<string, string>> = {}) {
 
 test('one statement per inbox in flight; what waits goes out in arrival order, at most maxBatch at a time', async () => {
   const { sent, statements } = recording();
-  const batcher = new InboxBatcher(statements, 3);
+  const batcher = new InboxBatcher(statements, { maxBatch: 3 });
   const items = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'];
   const results = await Promise.all([
     ...items.map((item) => batcher.run('inbox-1', item)),
@@ -42,7 +42,7 @@ test('one statement per inbox in flight; what waits goes out in arrival order, a
 
 test('a batch stops before maxBatchBytes, but always carries its first item', async () => {
   const { sent, statements } = recording({ bytes: (item) => item.length });
-  const batcher = new InboxBatcher(statements, 64, 10);
+  const batcher = new InboxBatcher(statements, { maxBatchBytes: 10 });
   await Promise.all(
     ['first', 'aaaa', 'bbbb', 'cccc', 'dddddddddddddddd', 'e'].map((i) => batcher.run('inbox', i)),
   );
@@ -80,4 +80,25 @@ test('a batch that fails, or answers for the wrong number of items, is run again
     ['D', 'E', 'F'],
   );
   assert.deepEqual(sent, [['a'], ['b', 'bad', 'c'], ['b'], ['c'], ['d'], ['e', 'f'], ['e'], ['f']]);
+});
+
+test("a statement that never returns gives up its inbox's lane after laneTimeoutMs; later work goes on", async () => {
+  const { sent, statements } = recording();
+  const batcher = new InboxBatcher<string, string>(
+    {
+      ...statements,
+      single: (item) => (item === 'hangs' ? new Promise<string>(() => {}) : statements.single(item)),
+    },
+    { laneTimeoutMs: 50 },
+  );
+  let hungSettled = false;
+  void batcher.run('inbox', 'hangs').finally(() => {
+    hungSettled = true;
+  });
+  const results = await Promise.all([batcher.run('inbox', 'a'), batcher.run('inbox', 'b')]);
+
+  assert.deepEqual(results, ['A', 'B']);
+  // Together: they waited behind the hung statement until its lane was given up.
+  assert.deepEqual(sent, [['a', 'b']]);
+  assert.equal(hungSettled, false);
 });

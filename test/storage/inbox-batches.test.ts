@@ -51,7 +51,9 @@ interface StoredRow {
   position: number;
   size_bytes: number;
   sha256: Buffer;
-  subject: string;
+  subject: string | null;
+  from_name: string | null;
+  authentication: unknown;
   envelope_from: string;
   data: Buffer;
 }
@@ -59,7 +61,8 @@ interface StoredRow {
 async function storedRows(inboxId: string): Promise<StoredRow[]> {
   return db.rows<StoredRow>(
     'test-batch-rows',
-    `SELECT m.message_id, m.queue_id, m.position, m.size_bytes, m.sha256, m.subject, m.envelope_from, c.data
+    `SELECT m.message_id, m.queue_id, m.position, m.size_bytes, m.sha256, m.subject, m.from_name, m.authentication, m.envelope_from,
+            c.data
      FROM messages m JOIN message_chunks c USING (inbox_id, message_id)
      WHERE m.inbox_id = $1 AND m.state = 'stored' ORDER BY m.position`,
     [inboxId],
@@ -69,8 +72,16 @@ async function storedRows(inboxId: string): Promise<StoredRow[]> {
 test('stores made while one is in flight share a statement; each is stored exact, positioned in arrival order', async () => {
   const inbox = await h.provision();
   const stores = wholeMessageStores(db);
+  // The sixth has no summary at all: nulls in every array the batch sends.
+  const noSummary = {
+    fromName: null,
+    fromAddress: null,
+    subject: null,
+    internetMessageId: null,
+    authentication: null,
+  };
   const messages = Array.from({ length: 12 }, (_, i) =>
-    message(inbox.inbox_id, randomBytes(1000 + i * 7919)),
+    message(inbox.inbox_id, randomBytes(1000 + i * 7919), i === 5 ? noSummary : {}),
   );
   const outcomes = await Promise.all(messages.map((m) => stores.run(inbox.inbox_id, m)));
 
@@ -91,6 +102,11 @@ test('stores made while one is in flight share a statement; each is stored exact
     assert.equal(row.size_bytes, sent.data.length);
     assert.ok(row.sha256.equals(sent.sha256));
     assert.equal(row.subject, sent.subject);
+    assert.equal(row.from_name, sent.fromName);
+    assert.deepEqual(
+      row.authentication,
+      sent.authentication === null ? null : JSON.parse(sent.authentication),
+    );
     assert.equal(row.envelope_from, sent.envelopeFrom);
     assert.equal(row.queue_id, sent.queueId);
   });
@@ -200,4 +216,54 @@ test('reservations in one batch count each other against the quota, in arrival o
   ]);
   assert.equal(repeated, 'exists');
   assert.equal(reservations.counts.statements, 4);
+});
+
+test("a batch takes its messages' rows before the inbox row, as a job or the API does: no deadlock with them", async () => {
+  const inbox = await h.provision();
+  const reservations = singleInboxReservations(db);
+  const stores = wholeMessageStores(db);
+  const [first, second, third] = [1, 2, 3].map(() => message(inbox.inbox_id, Buffer.from(`body ${serial}`)));
+  for (const m of [second, third] as WholeMessage[]) {
+    const reservation = { ...m, messageId: m.newMessageId, sizeBytes: 100, now: new Date(m.now) };
+    assert.equal(await reservations.run(inbox.inbox_id, reservation), 'reserved');
+  }
+  // Another transaction holds the third message's row, as the jobs and the API's marks do before they
+  // touch the inbox row.
+  const other = await db.pool.connect();
+  try {
+    await other.query('BEGIN');
+    await other.query('SELECT 1 FROM messages WHERE inbox_id = $1 AND queue_id = $2 FOR UPDATE', [
+      inbox.inbox_id,
+      third?.queueId,
+    ]);
+    // The first store holds the lane; the second and third go together, and wait for the third's row.
+    const stored = Promise.all(
+      [first, second, third].map((m) => stores.run(inbox.inbox_id, m as WholeMessage)),
+    );
+    for (let waited = 0; ; waited += 20) {
+      const [row] = await db.rows<{ n: number }>(
+        'test-batch-waiting',
+        `SELECT count(*)::int AS n FROM pg_stat_activity
+         WHERE wait_event_type = 'Lock' AND query LIKE '%store_whole_messages%'`,
+        [],
+      );
+      if (row?.n === 1) break;
+      assert.ok(waited < 5000, 'the batch never waited for the row');
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    await other.query('UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1', [inbox.inbox_id]);
+    await other.query('COMMIT');
+
+    assert.deepEqual(
+      (await stored).map((o) => o.kind),
+      ['stored', 'stored', 'stored'],
+    );
+    assert.equal(
+      stores.counts.statements,
+      2,
+      'the batch went through as one statement, not aborted and retried',
+    );
+  } finally {
+    other.release();
+  }
 });
