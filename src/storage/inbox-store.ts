@@ -171,6 +171,12 @@ export class PgInboxStore implements InboxStore {
 
   async cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined> {
     return this.#db.transaction(async (client) => {
+      // The messages' rows before the inbox row, the order a store, the jobs and the API's marks take
+      // them in: a store holding its message's row and waiting for the inbox row would otherwise
+      // deadlock with this. A store in progress finishes first, and its message is deleted with the rest.
+      await client.query(`SELECT 1 FROM messages WHERE inbox_id = $1 AND state <> 'deleted' FOR UPDATE`, [
+        inboxId,
+      ]);
       const updated = await client.query<InboxRow>(
         `UPDATE inboxes i SET cancelled_at = coalesce(cancelled_at, $2), version = version + 1
          WHERE inbox_id = $1 RETURNING ${INBOX_COLUMNS}`,
