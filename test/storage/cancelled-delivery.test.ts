@@ -1,0 +1,110 @@
+/**
+ * A delivery that completes after its inbox was cancelled keeps nothing. With its reservation still
+ * there, the cancel already made it a tombstone and the store answers `duplicate`. Without one (released
+ * by the job after a long queue delay) the store inserts the message itself, and finish_delivery
+ * (migration 20261128000000) deletes it in the same step: the store succeeds (the receiver answers
+ * 250), the message is a 'cancelled' tombstone with no bytes kept, and the inbox holds nothing for it.
+ * Whole and streamed messages alike.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, test } from 'node:test';
+import { TOKENS } from '../../src/container.ts';
+import type { Database } from '../../src/storage/database.ts';
+import { PgInboxStore } from '../../src/storage/inbox-store.ts';
+import { CHUNK_BYTES, PgMessageStore } from '../../src/storage/message-store.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
+
+let h: Harness;
+let db: Database;
+before(async () => {
+  h = await startHarness();
+  db = h.container.resolve<Database>(TOKENS.Database);
+});
+after(() => h.close());
+
+async function* pieces(data: Buffer): AsyncIterable<Buffer> {
+  for (let at = 0; at < data.length; at += 65_536) yield data.subarray(at, at + 65_536);
+}
+
+for (const [kind, size] of [
+  ['whole', 5_000],
+  ['streamed', 2 * CHUNK_BYTES + 1],
+] as const) {
+  test(`a ${kind} message with no reservation, delivered after its inbox was cancelled, is kept as a tombstone only`, async () => {
+    const inbox = await h.provision();
+    const messages = new PgMessageStore(db);
+    const queueId = `QCX${kind}`;
+    const now = new Date();
+    assert.ok(await new PgInboxStore(db).cancel(inbox.inbox_id, now));
+
+    const stored = await messages.store(
+      {
+        inboxId: inbox.inbox_id,
+        queueId,
+        envelopeFrom: 's@example.test',
+        now,
+        summary: {
+          fromName: null,
+          fromAddress: 's@example.test',
+          subject: 'late',
+          internetMessageId: null,
+          authentication: null,
+        },
+      },
+      pieces(randomBytes(size)),
+    );
+
+    assert.equal(stored.kind, 'stored');
+    const [row] = await db.rows<{
+      state: string;
+      deleted_reason: string;
+      chunks: number;
+      held_bytes: number;
+    }>(
+      'test-cancelled-delivery',
+      `SELECT m.state, m.deleted_reason,
+         (SELECT count(*)::int FROM message_chunks c WHERE c.inbox_id = m.inbox_id) AS chunks,
+         (SELECT held_bytes FROM inboxes i WHERE i.inbox_id = m.inbox_id) AS held_bytes
+       FROM messages m WHERE m.inbox_id = $1`,
+      [inbox.inbox_id],
+    );
+    assert.deepEqual(row, { state: 'deleted', deleted_reason: 'cancelled', chunks: 0, held_bytes: 0 });
+  });
+}
+
+test("a message reserved before its inbox was cancelled is a duplicate of the cancel's tombstone: nothing stored", async () => {
+  const inbox = await h.provision();
+  const messages = new PgMessageStore(db);
+  const now = new Date();
+  const reservation = {
+    inboxId: inbox.inbox_id,
+    messageId: 'msg_cancelled_reserved',
+    queueId: 'QCXRESERVED',
+    sizeBytes: 1500,
+    envelopeFrom: 's@example.test',
+    now,
+  };
+  assert.equal(await messages.reserve(reservation), 'reserved');
+  assert.ok(await new PgInboxStore(db).cancel(inbox.inbox_id, now));
+
+  const stored = await messages.store(
+    {
+      ...reservation,
+      summary: {
+        fromName: null,
+        fromAddress: null,
+        subject: null,
+        internetMessageId: null,
+        authentication: null,
+      },
+    },
+    pieces(Buffer.from('late')),
+  );
+
+  assert.deepEqual(stored, { kind: 'duplicate', messageId: 'msg_cancelled_reserved' });
+  const chunks = await db.rows('test-cancelled-chunks', 'SELECT 1 FROM message_chunks WHERE inbox_id = $1', [
+    inbox.inbox_id,
+  ]);
+  assert.equal(chunks.length, 0);
+});
