@@ -131,3 +131,11 @@ export class InboxBatcher<Item, Result> {
     for (const [i, pending] of batch.entries()) pending.resolve(results[i] as Result);
   }
 }
+
+/** A batch statement's rows, numbered n = 1..count, put in that order; throws when one is missing. */
+export function inOrder<Row extends { n: number }>(rows: Row[], count: number): Row[] {
+  const ordered: Row[] = [];
+  for (const row of rows) ordered[row.n - 1] = row;
+  for (let i = 0; i < count; i++) if (!ordered[i]) throw new Error(`no row for item ${i + 1} of ${count}`);
+  return ordered;
+}

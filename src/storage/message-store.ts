@@ -92,9 +92,9 @@ export class PgMessageStore implements MessageStore {
 
   /**
    * A reservation in one inbox goes through reserve-batch.ts (several for one inbox share a call). For
-   * several inboxes, one round trip: reserve_messages (migrations/20261123000000_delivery_functions.ts) locks the inboxes
-   * in the order given, so that two multi-inbox reservations cannot deadlock, checks each, and reserves in
-   * all of them or in none (DESIGN decision 4).
+   * several inboxes, one round trip: reserve_messages (migrations/20261123000000_delivery_functions.ts)
+   * locks the inboxes in the order given, so that two multi-inbox reservations cannot deadlock, checks
+   * each, and reserves in all of them or in none (DESIGN decision 4).
    */
   async #reserve(ordered: Reservation[]): Promise<('reserved' | 'exists' | 'over_quota')[]> {
     const [first] = ordered;
@@ -120,8 +120,8 @@ export class PgMessageStore implements MessageStore {
   /**
    * A message that fits in one chunk (most mail) is stored with one call once its bytes have arrived, so
    * no connection waits on the sender; several for one inbox share a call (store-batch.ts). A larger one
-   * streams chunk by chunk inside a transaction. Either way the message becomes visible, with its event position, in the step that
-   * stores its last byte (DESIGN decision 8).
+   * streams chunk by chunk inside a transaction. Either way the message becomes visible, with its event
+   * position, in the step that stores its last byte (DESIGN decision 8).
    */
   async store(
     d: Delivery,
@@ -140,7 +140,7 @@ export class PgMessageStore implements MessageStore {
   }
 
   #storeWhole(d: Delivery, data: Buffer): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
-    const { fromName, fromAddress, subject, internetMessageId, authentication } = d.summary;
+    const [fromName, fromAddress, subject, internetMessageId, authentication] = summaryValues(d);
     return this.#wholeStores.run(d.inboxId, {
       inboxId: d.inboxId,
       newMessageId: newMessageId(),
@@ -154,7 +154,7 @@ export class PgMessageStore implements MessageStore {
       fromAddress,
       subject,
       internetMessageId,
-      authentication: authentication ? JSON.stringify(authentication) : null,
+      authentication,
     });
   }
 
@@ -379,7 +379,10 @@ function listedMessage(inboxId: string, row: EventRow): MessageRecord {
 }
 
 /** A delivery's summary as the delivery functions take it: from name, address, subject, id, authentication. */
-function summaryValues(d: Delivery): unknown[] {
+/** The summary as the delivery functions take it: the authentication object as JSON text. */
+function summaryValues(
+  d: Delivery,
+): [string | null, string | null, string | null, string | null, string | null] {
   const { fromName, fromAddress, subject, internetMessageId, authentication } = d.summary;
   return [
     fromName,

@@ -7,8 +7,7 @@
  */
 import type { Reservation } from '../core/ports.ts';
 import type { Database } from './database.ts';
-import { InboxBatcher } from './inbox-batcher.ts';
-import { inOrder } from './store-batch.ts';
+import { InboxBatcher, inOrder } from './inbox-batcher.ts';
 
 export type ReserveOutcome = 'reserved' | 'exists' | 'over_quota';
 

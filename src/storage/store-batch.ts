@@ -5,7 +5,7 @@
  * order given, idempotently on (inbox, queue id) within the batch too.
  */
 import type { Database } from './database.ts';
-import { InboxBatcher } from './inbox-batcher.ts';
+import { InboxBatcher, inOrder } from './inbox-batcher.ts';
 
 export interface WholeMessage {
   inboxId: string;
@@ -32,13 +32,12 @@ export interface StoreOutcome {
 }
 
 interface OutcomeRow {
-  n: number;
   out_kind: 'stored' | 'duplicate';
   out_message_id: string;
 }
 
 const SINGLE_SQL =
-  'SELECT 1 AS n, out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)';
+  'SELECT out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)';
 const BATCH_SQL =
   'SELECT n, out_kind, out_message_id FROM store_whole_messages($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)';
 
@@ -66,7 +65,7 @@ export function wholeMessageStores(db: Database): InboxBatcher<WholeMessage, Sto
     },
     async batch(messages) {
       const column = <T>(pick: (m: WholeMessage) => T) => messages.map(pick);
-      const rows = await db.rows<OutcomeRow>('delivery-store-batch', BATCH_SQL, [
+      const rows = await db.rows<OutcomeRow & { n: number }>('delivery-store-batch', BATCH_SQL, [
         messages[0]?.inboxId,
         column((m) => m.newMessageId),
         column((m) => m.queueId),
@@ -88,12 +87,4 @@ export function wholeMessageStores(db: Database): InboxBatcher<WholeMessage, Sto
       }));
     },
   });
-}
-
-/** Rows numbered n = 1..count, in that order; throws when one is missing. */
-export function inOrder<Row extends { n: number }>(rows: Row[], count: number): Row[] {
-  const ordered: Row[] = [];
-  for (const row of rows) ordered[row.n - 1] = row;
-  for (let i = 0; i < count; i++) if (!ordered[i]) throw new Error(`no row for item ${i + 1} of ${count}`);
-  return ordered;
 }

@@ -14,13 +14,17 @@ export interface CpuSample {
   machine: number;
 }
 
+/** A process's CPU seconds (user + system, all threads) from its /proc/<pid>/stat line. */
+function processSeconds(stat: string): number {
+  // Fields after the command name in parentheses: utime and stime are the 12th and 13th.
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / TICKS_PER_SECOND;
+}
+
 export async function sampleCpu(pids: Record<string, number>): Promise<CpuSample> {
   const processes: Record<string, number> = {};
   for (const [name, pid] of Object.entries(pids)) {
-    const stat = await readFile(`/proc/${pid}/stat`, 'utf8');
-    // Fields after the command name in parentheses: utime and stime are the 12th and 13th.
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    processes[name] = (Number(fields[11]) + Number(fields[12])) / TICKS_PER_SECOND;
+    processes[name] = processSeconds(await readFile(`/proc/${pid}/stat`, 'utf8'));
   }
   const cpu = (await readFile('/proc/stat', 'utf8')).split('\n')[0]?.split(/\s+/).slice(1).map(Number) ?? [];
   const [user = 0, nice = 0, system = 0, , , irq = 0, softirq = 0, steal = 0] = cpu;
@@ -46,10 +50,9 @@ export async function sampleProcesses(): Promise<ProcessTable> {
     if (!/^\d+$/.test(entry)) continue;
     const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
     if (!stat) continue;
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     table.set(Number(entry), {
       command: stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')),
-      seconds: (Number(fields[11]) + Number(fields[12])) / TICKS_PER_SECOND,
+      seconds: processSeconds(stat),
     });
   }
   return table;
