@@ -12,6 +12,8 @@ export interface CpuSample {
   processes: Record<string, number>;
   /** Seconds of CPU the whole machine spent not idle (all cores). */
   machine: number;
+  /** Context switches on the whole machine since boot (/proc/stat's ctxt). */
+  switches: number;
 }
 
 /** A process's CPU seconds (user + system, all threads) from its /proc/<pid>/stat line. */
@@ -26,9 +28,16 @@ export async function sampleCpu(pids: Record<string, number>): Promise<CpuSample
   for (const [name, pid] of Object.entries(pids)) {
     processes[name] = processSeconds(await readFile(`/proc/${pid}/stat`, 'utf8'));
   }
-  const cpu = (await readFile('/proc/stat', 'utf8')).split('\n')[0]?.split(/\s+/).slice(1).map(Number) ?? [];
+  const lines = (await readFile('/proc/stat', 'utf8')).split('\n');
+  const cpu = lines[0]?.split(/\s+/).slice(1).map(Number) ?? [];
   const [user = 0, nice = 0, system = 0, , , irq = 0, softirq = 0, steal = 0] = cpu;
-  return { processes, machine: (user + nice + system + irq + softirq + steal) / TICKS_PER_SECOND };
+  const switches = Number(lines.find((line) => line.startsWith('ctxt '))?.split(' ')[1] ?? 0);
+  return { processes, machine: (user + nice + system + irq + softirq + steal) / TICKS_PER_SECOND, switches };
+}
+
+/** Context switches per message on the whole machine between two samples. */
+export function switchesPerMessage(before: CpuSample, after: CpuSample, messages: number): number {
+  return (after.switches - before.switches) / messages;
 }
 
 /** Milliseconds of CPU per message between two samples, per process and for the machine. */

@@ -46,7 +46,7 @@ import { recreateDatabase } from '../support/database.ts';
 import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
 import { freePort } from '../support/sender-postfix.ts';
-import { perCommandMs, perMessageMs, sampleCpu, sampleProcesses } from './cpu-usage.ts';
+import { perCommandMs, perMessageMs, sampleCpu, sampleProcesses, switchesPerMessage } from './cpu-usage.ts';
 import { listenOn, nullMilterServer, nullPolicyServer } from './null-daemons.ts';
 
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
@@ -305,7 +305,9 @@ async function measure(
   const before = await sampleCpu(pids);
   const table = BY_COMMAND ? await sampleProcesses() : undefined;
   const seconds = await send(c.count);
-  const cpu = perMessageMs(before, await sampleCpu(pids), c.count);
+  const after = await sampleCpu(pids);
+  const cpu = perMessageMs(before, after, c.count);
+  const switches = switchesPerMessage(before, after, c.count);
   if (table) {
     const byCommand = Object.entries(perCommandMs(table, await sampleProcesses(), c.count))
       .filter(([, ms]) => ms >= 0.05)
@@ -318,7 +320,7 @@ async function measure(
     .map(([name, ms]) => `${name} ${ms.toFixed(2)}`)
     .join(', ');
   process.stdout.write(
-    `${label} ${c.name}: ${c.count} messages in ${seconds.toFixed(1)} s = ${rate.toFixed(0)}/s; CPU ms/message: ${cpuText}\n`,
+    `${label} ${c.name}: ${c.count} messages in ${seconds.toFixed(1)} s = ${rate.toFixed(0)}/s; CPU ms/message: ${cpuText}; context switches/message ${switches.toFixed(0)}\n`,
   );
   await postfix.stop();
   return { rate, cpu };
