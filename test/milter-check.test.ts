@@ -1,5 +1,5 @@
 /**
- * MilterCheck when authentication itself fails (mailauth throwing on a message): the consumer's calls
+ * MilterCheck without a queue id, and when authentication itself fails (mailauth throwing on a message): the consumer's calls
  * reject, which the milter adapter turns into a tempfail, and nothing is left unhandled to end the
  * process. A body larger than the stream's buffer shows that a waiting chunk fails too.
  */
@@ -41,4 +41,14 @@ test('an authenticator that fails makes body() and end() reject, and leaves no u
   } finally {
     process.off('unhandledRejection', onUnhandled);
   }
+});
+
+test('a message without a queue id (no `i` macro) fails at once, before anything is authenticated or reserved', () => {
+  const authenticator: Authenticator = { authenticate: async () => assert.fail('nothing to authenticate') };
+  const admission = { admit: async () => assert.fail('nothing to decide') };
+  const check = new MilterCheck(admission as unknown as MessageAdmission, authenticator, 'mx.svc.test');
+  assert.throws(
+    () => check.beginMessage({ ...envelope, queueId: '' }, [{ name: 'Subject', value: ' hi' }]),
+    /no queue id from the MTA: milter_data_macros must include i/,
+  );
 });

@@ -33,6 +33,9 @@ export class MilterCheck implements MilterHandler {
   }
 
   beginMessage(envelope: MilterEnvelope, headers: MilterHeader[]): MessageConsumer {
+    // The reservation and the receiver's idempotency are keyed on it: without it, fail (4xx), never
+    // reserve under an empty id. It comes with the DATA macros (postfix/main.cf milter_data_macros).
+    if (!envelope.queueId) throw new Error('no queue id from the MTA: milter_data_macros must include i');
     const headerBlock = Buffer.concat([
       ...headers.map((h) => Buffer.from(`${h.name}:${h.value.replace(/\r?\n/g, '\r\n')}\r\n`, 'latin1')),
       Buffer.from('\r\n'),

@@ -9,8 +9,8 @@
  * What we ask for, and why:
  * - actions SMFIF_ADDHDRS|SMFIF_CHGHDRS: insert our Authentication-Results, delete forged ones.
  *   Not SMFIF_SETSYMLIST: sending any macro list makes Postfix replace *every* stage's default list
- *   with an empty one (milter8_connect, milter_macros_alloc(MILTER_MACROS_ALLOC_EMPTY)), and the
- *   defaults already bring `i` with DATA, each header, EOH, BODY and EOM (MAIL-FACTS C.7).
+ *   with an empty one (milter8_connect, milter_macros_alloc(MILTER_MACROS_ALLOC_EMPTY)). Our
+ *   main.cf asks for `i` with DATA and no other macro (MAIL-FACTS C.7; postfix/README.md).
  * - SMFIP_HDR_LEADSPC: header values arrive with the space after the colon, so a rebuilt message keeps
  *   DKIM simple canonicalization intact (MAIL-FACTS C.6); required, we refuse an MTA without it.
  * - NR_CONN, NR_HELO, NR_MAIL, NR_RCPT, NR_DATA, NR_UNKN, NR_HDR, NR_BODY: events we only record or

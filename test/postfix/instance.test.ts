@@ -94,8 +94,8 @@ function milterServer(queueIds: string[]) {
         buffer = buffer.subarray(4 + buffer.readUInt32BE(0));
         if (command === 'O')
           reply('O', '\0\0\0\x06\0\0\0\x01\0\0\0\0'); // version 6, SMFIF_ADDHDRS
-        else if (command === 'D' && data[0] === 'E')
-          queueIds.push(/(?:^E|\0)i\0([^\0]*)/.exec(data)?.[1] ?? '');
+        else if (command === 'D' && data[0] === 'T')
+          queueIds.push(/(?:^T|\0)i\0([^\0]*)/.exec(data)?.[1] ?? '');
         else if (command === 'E') {
           reply('h', 'X-Milter-Stand-In\0seen\0');
           reply('c');
@@ -279,7 +279,7 @@ describe('the receiving MX over TCP', { timeout: 60_000 }, () => {
     );
     assert.deepEqual(delivery.rcptTo, ['<box1@svc.test>']);
     assert.match(delivery.data, /^X-Milter-Stand-In: seen\r$/m);
-    assert.ok(mx.seen.milterIds.includes(queueId), 'the milter saw {i} = the queue id');
+    assert.ok(mx.seen.milterIds.includes(queueId), 'the milter saw {i} = the queue id, with the DATA macros');
     const fromClient = mx.seen.policy.filter((r) => r.client_address === CLIENTS.good);
     assert.deepEqual(
       fromClient.map((r) => r.protocol_state),
