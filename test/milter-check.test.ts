@@ -1,7 +1,8 @@
 /**
- * MilterCheck without a queue id, and when authentication itself fails (mailauth throwing on a message): the consumer's calls
- * reject, which the milter adapter turns into a tempfail, and nothing is left unhandled to end the
- * process. A body larger than the stream's buffer shows that a waiting chunk fails too.
+ * MilterCheck without a queue id (beginMessage throws: the milter adapter answers EOH with a tempfail),
+ * and when authentication itself fails (mailauth throwing on a message): the consumer's calls reject,
+ * which the milter adapter turns into a tempfail, and nothing is left unhandled to end the process. A
+ * body larger than the stream's buffer shows that a waiting chunk fails too.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';

@@ -16,7 +16,8 @@
  * lines in its log). Each case runs BENCH_ROUNDS rounds (3) of the three configurations in turn; the
  * table shows medians, the ratios being the medians of each round's own ratio. A second table gives the
  * CPU time per message of the measured part (cpu-usage.ts, from /proc): the machine's, in every
- * configuration, and each of our three daemons' (all threads, so V8's collector helpers count).
+ * configuration, and each of our three daemons' (all threads, so V8's collector helpers count). Each
+ * run's line also gives the machine's context switches per message (/proc/stat ctxt).
  *
  *   node test/bench/mail-bench.ts   (BENCH_SMALL_COUNT, BENCH_LARGE_COUNT, BENCH_SESSIONS, BENCH_ROUNDS,
  *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_SOCKETS, BENCH_BY_COMMAND)
