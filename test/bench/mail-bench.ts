@@ -20,13 +20,18 @@
  * run's line also gives the machine's context switches per message (/proc/stat ctxt).
  *
  *   node test/bench/mail-bench.ts   (BENCH_SMALL_COUNT, BENCH_LARGE_COUNT, BENCH_SESSIONS, BENCH_ROUNDS,
- *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_SOCKETS, BENCH_BY_COMMAND)
+ *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_SOCKETS, BENCH_BY_COMMAND,
+ *                                    BENCH_SPLIT)
  *
  * A count of 0 skips that case. BENCH_BY_COMMAND=1 adds each run's CPU per message by command name
  * (postgres, smtpd, cleanup, lmtp, node, ...): where the machine's time goes beyond our three daemons.
  *
  * smtp-source's body (lines of "X") compresses a hundredfold under the chunk column's lz4;
  * BENCH_UNCOMPRESSED=1 stores the chunks uncompressed, for the cost of bytes that do not compress.
+ *
+ * BENCH_SPLIT=1 adds two runs per round that each keep half of ours: our policy daemon and milter
+ * (with their Postgres work: lookups, the reservation) delivering to the sink, and the null hooks
+ * delivering to our LMTP receiver (storage without the milter's reservation). Which half costs what.
  *
  * BENCH_SOCKETS=1 puts the policy daemon, milter and LMTP receiver on unix sockets and Postgres on its
  * socket directory (/var/run/postgresql) instead of loopback TCP; here it made no measurable difference.
@@ -49,6 +54,7 @@ import { startDnsmasq } from '../support/dnsmasq.ts';
 import { freePort } from '../support/sender-postfix.ts';
 import { perCommandMs, perMessageMs, sampleCpu, sampleProcesses, switchesPerMessage } from './cpu-usage.ts';
 import { listenOn, nullMilterServer, nullPolicyServer } from './null-daemons.ts';
+import { type ListenTarget, waitListening } from './wait-listening.ts';
 
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 const DB_NAME = 'inbox_mail_bench';
@@ -62,6 +68,8 @@ const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const WARMUP = Number(process.env.BENCH_WARMUP ?? 0.5);
 /** BENCH_BY_COMMAND=1: also print each run's CPU ms/message by command name (postgres, smtpd, ...). */
 const BY_COMMAND = process.env.BENCH_BY_COMMAND === '1';
+/** BENCH_SPLIT=1: two more runs per round, each with half of ours (see the header). */
+const SPLIT = process.env.BENCH_SPLIT === '1';
 const CASES = [
   { name: '10 KiB', bytes: 10 * 1024, count: Number(process.env.BENCH_SMALL_COUNT ?? 2000), target: 0.5 },
   { name: '1 MiB', bytes: 1024 * 1024, count: Number(process.env.BENCH_LARGE_COUNT ?? 300), target: 0.6 },
@@ -111,6 +119,7 @@ async function main(): Promise<void> {
   await chmod(baseDir, 0o755); // the postfix user must reach the queue below it
   const results: string[] = [];
   const cpuResults: string[] = [];
+  const splitResults: string[] = [];
   const closers: (() => void)[] = [];
   const instances: PostfixInstance[] = [];
   try {
@@ -119,7 +128,14 @@ async function main(): Promise<void> {
         spawn(NODE, ['src/main.ts', entry], { env: { ...process.env, ...env }, stdio: 'ignore' }),
       );
     }
-    await sleep(1500);
+    const listens = [env.POLICY_PORT, env.MILTER_PORT, env.LMTP_PORT].map((v) =>
+      SOCKETS ? String(v) : Number(v),
+    );
+    await Promise.all(
+      ['policy', 'milter', 'lmtp'].map((name, i) =>
+        waitListening(name, listens[i] as ListenTarget, children[i] as ChildProcess),
+      ),
+    );
     const daemonPids = Object.fromEntries(
       ['policy', 'milter', 'receiver'].map((name, i) => [name, children[i]?.pid as number]),
     );
@@ -159,6 +175,10 @@ async function main(): Promise<void> {
       instance('ours', {}),
     );
     const [yardstick, hooks, ours] = instances as [PostfixInstance, PostfixInstance, PostfixInstance];
+    // BENCH_SPLIT: our policy daemon and milter delivering to the sink; the null hooks delivering to ours.
+    const ourHooks = instance('our-hooks', toSink);
+    const ourReceiver = instance('our-receiver', {}, hooksConfig);
+    if (SPLIT) instances.push(ourHooks, ourReceiver);
 
     for (const c of CASES) {
       // The same inbox for every round of a case; rounds interleave the three configurations so that
@@ -172,7 +192,12 @@ async function main(): Promise<void> {
         );
         return row?.n ?? 0;
       };
-      const rounds: { sink: Measured; hooks: Measured; ours: Measured }[] = [];
+      const rounds: {
+        sink: Measured;
+        hooks: Measured;
+        ours: Measured;
+        split?: { ourHooks: Measured; ourReceiver: Measured };
+      }[] = [];
       for (let round = 1; round <= ROUNDS; round++) {
         const label = (name: string) => `${name} (round ${round})`;
         rounds.push({
@@ -184,6 +209,26 @@ async function main(): Promise<void> {
             dns.resolvConfPath,
           ),
           hooks: await measure(hooks, c, async () => countSent(hooks), label('hooks'), dns.resolvConfPath),
+          split: SPLIT
+            ? {
+                ourHooks: await measure(
+                  ourHooks,
+                  { ...c, to: inbox.address },
+                  async () => countSent(ourHooks),
+                  label('our hooks, sink'),
+                  dns.resolvConfPath,
+                  daemonPids,
+                ),
+                ourReceiver: await measure(
+                  ourReceiver,
+                  { ...c, to: inbox.address },
+                  storedCount,
+                  label('null hooks, our receiver'),
+                  dns.resolvConfPath,
+                  daemonPids,
+                ),
+              }
+            : undefined,
           ours: await measure(
             ours,
             { ...c, to: inbox.address },
@@ -204,6 +249,13 @@ async function main(): Promise<void> {
       cpuResults.push(
         `| ${c.name} | ${ms((r) => r.sink.cpu.machine ?? 0)} | ${ms((r) => r.hooks.cpu.machine ?? 0)} | ${ms((r) => r.ours.cpu.machine ?? 0)} | ${ms((r) => r.ours.cpu.policy ?? 0)} | ${ms((r) => r.ours.cpu.milter ?? 0)} | ${ms((r) => r.ours.cpu.receiver ?? 0)} |`,
       );
+      if (SPLIT) {
+        const half = (pick: (r: (typeof rounds)[number]) => Measured | undefined) =>
+          `${median(rounds.map((r) => pick(r)?.rate ?? 0)).toFixed(0)} (${median(rounds.map((r) => (pick(r)?.rate ?? 0) / r.sink.rate)).toFixed(2)}), machine ${ms((r) => pick(r)?.cpu.machine ?? 0)} ms`;
+        splitResults.push(
+          `| ${c.name} | ${half((r) => r.split?.ourHooks)} | ${half((r) => r.split?.ourReceiver)} | ${half((r) => r.ours)} |`,
+        );
+      }
     }
   } finally {
     for (const postfix of instances) await postfix.stop().catch(() => undefined);
@@ -226,6 +278,15 @@ async function main(): Promise<void> {
       '|---|---|---|---|---|---|---|',
       ...cpuResults,
       '',
+      ...(SPLIT
+        ? [
+            'Ours in halves (BENCH_SPLIT): msg/s (ratio to the sink), machine CPU ms per message; medians of the rounds',
+            '| size | our policy daemon and milter, sink | null hooks, our receiver | ours (both) |',
+            '|---|---|---|---|',
+            ...splitResults,
+            '',
+          ]
+        : []),
     ].join('\n'),
   );
 }

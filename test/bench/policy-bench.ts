@@ -13,14 +13,14 @@
  * POSTGREY (/usr/sbin/postgrey). Rounds alternate the targets, so a slow moment of the machine hits
  * both; each figure is the median round.
  */
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { chownSync, mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { LoadConfig, LoadResult } from './policy-load.ts';
 import { type BenchTarget, startTarget } from './policy-target.ts';
+import { waitListening } from './wait-listening.ts';
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 20);
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 10);
@@ -36,22 +36,6 @@ async function freePort(): Promise<number> {
   const { port } = probe.address() as net.AddressInfo;
   await new Promise((r) => probe.close(r));
   return port;
-}
-
-async function waitForPort(port: number, child: ChildProcess): Promise<void> {
-  for (let i = 0; i < 100; i++) {
-    if (child.exitCode !== null) throw new Error(`postgrey exited with ${child.exitCode}`);
-    const up = await new Promise<boolean>((resolve) => {
-      const socket = net.connect(port, '127.0.0.1', () => {
-        socket.destroy();
-        resolve(true);
-      });
-      socket.once('error', () => resolve(false));
-    });
-    if (up) return;
-    await sleep(100);
-  }
-  throw new Error(`postgrey did not listen on ${port}`);
 }
 
 /** postgrey drops root privileges to --user, so its dbdir must belong to that user. */
@@ -71,7 +55,7 @@ async function startPostgrey(): Promise<BenchTarget> {
     [`--inet=127.0.0.1:${port}`, `--dbdir=${dbdir}`, `--user=${user}`, `--group=${group}`, '-q'],
     { stdio: ['ignore', 'ignore', 'inherit'] },
   );
-  await waitForPort(port, child);
+  await waitListening('postgrey', port, child);
   return {
     name: 'postgrey',
     host: '127.0.0.1',
