@@ -37,7 +37,7 @@
  * socket directory (/var/run/postgresql) instead of loopback TCP; here it made no measurable difference.
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
-import { chmod, mkdtemp, open, rm } from 'node:fs/promises';
+import { chmod, mkdtemp, open, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -51,7 +51,7 @@ import type { Database } from '../../src/storage/database.ts';
 import { recreateDatabase } from '../support/database.ts';
 import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
-import { freePort } from '../support/sender-postfix.ts';
+import { freePorts } from '../support/sender-postfix.ts';
 import { perCommandMs, perMessageMs, sampleCpu, sampleProcesses, switchesPerMessage } from './cpu-usage.ts';
 import { listenOn, nullMilterServer, nullPolicyServer } from './null-daemons.ts';
 import { type ListenTarget, waitListening } from './wait-listening.ts';
@@ -95,7 +95,7 @@ async function main(): Promise<void> {
   await chmod(socketDir, 0o755);
   const dns = await startDnsmasq({ records: testZone().records });
   const [policyPort, milterPort, lmtpPort, sinkPort, smtpPort, nullPolicyPort, nullMilterPort] =
-    await Promise.all(Array.from({ length: 7 }, () => freePort()));
+    await freePorts(7);
   const env: Record<string, string> = {
     ENVIRONMENT: 'dev',
     DATABASE_URL: SOCKETS ? `postgres://postgres@/${DB_NAME}?host=/var/run/postgresql` : dbUrl.toString(),
@@ -123,10 +123,16 @@ async function main(): Promise<void> {
   const closers: (() => void)[] = [];
   const instances: PostfixInstance[] = [];
   try {
+    // Each daemon's log goes to a file, whose end is printed should the benchmark fail.
     for (const entry of ['policy', 'milter', 'lmtp']) {
+      const log = await open(join(baseDir, `${entry}.log`), 'w');
       children.push(
-        spawn(NODE, ['src/main.ts', entry], { env: { ...process.env, ...env }, stdio: 'ignore' }),
+        spawn(NODE, ['src/main.ts', entry], {
+          env: { ...process.env, ...env },
+          stdio: ['ignore', log.fd, log.fd],
+        }),
       );
+      await log.close();
     }
     const listens = [env.POLICY_PORT, env.MILTER_PORT, env.LMTP_PORT].map((v) =>
       SOCKETS ? String(v) : Number(v),
@@ -257,6 +263,14 @@ async function main(): Promise<void> {
         );
       }
     }
+  } catch (error) {
+    for (const entry of ['policy', 'milter', 'lmtp']) {
+      const text = await readFile(join(baseDir, `${entry}.log`), 'utf8').catch(() => '');
+      process.stderr.write(
+        `--- the end of the ${entry} daemon's log\n${text.split('\n').slice(-20).join('\n')}\n`,
+      );
+    }
+    throw error;
   } finally {
     for (const postfix of instances) await postfix.stop().catch(() => undefined);
     for (const child of children) child.kill('SIGTERM');
@@ -264,6 +278,7 @@ async function main(): Promise<void> {
     await db.close();
     await dns.stop();
     await rm(baseDir, { recursive: true, force: true });
+    await rm(socketDir, { recursive: true, force: true });
   }
   process.stdout.write(
     [

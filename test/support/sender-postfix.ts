@@ -51,6 +51,32 @@ export function freePort(host = '127.0.0.1'): Promise<number> {
   });
 }
 
+/** `count` distinct free ports: every probe stays bound until all have their port. */
+export async function freePorts(count: number, host = '127.0.0.1'): Promise<number[]> {
+  const servers = Array.from({ length: count }, () => createServer());
+  try {
+    return await Promise.all(
+      servers.map(
+        (server) =>
+          new Promise<number>((done, fail) => {
+            server.once('error', fail);
+            server.listen(0, host, () => {
+              const address = server.address();
+              if (typeof address === 'object' && address) done(address.port);
+              else fail(new Error('no port'));
+            });
+          }),
+      ),
+    );
+  } finally {
+    await Promise.all(
+      servers.map(
+        (server) => new Promise<void>((done) => (server.listening ? server.close(() => done()) : done())),
+      ),
+    );
+  }
+}
+
 export function senderMainCf(
   options: SenderPostfixOptions,
   dirs: { queueDirectory: string; dataDirectory: string; maillogFile: string },
