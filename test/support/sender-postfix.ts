@@ -38,17 +38,9 @@ export interface SenderPostfix {
   stop(): Promise<void>;
 }
 
-export function freePort(host = '127.0.0.1'): Promise<number> {
-  return new Promise((done, fail) => {
-    const server = createServer();
-    server.once('error', fail);
-    server.listen(0, host, () => {
-      const address = server.address();
-      server.close(() =>
-        typeof address === 'object' && address ? done(address.port) : fail(new Error('no port')),
-      );
-    });
-  });
+export async function freePort(host = '127.0.0.1'): Promise<number> {
+  const [port] = await freePorts(1, host);
+  return port as number;
 }
 
 /** `count` distinct free ports: every probe stays bound until all have their port. */
