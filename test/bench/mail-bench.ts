@@ -54,7 +54,7 @@ import { startDnsmasq } from '../support/dnsmasq.ts';
 import { freePorts } from '../support/sender-postfix.ts';
 import { perCommandMs, perMessageMs, sampleCpu, sampleProcesses, switchesPerMessage } from './cpu-usage.ts';
 import { listenOn, nullMilterServer, nullPolicyServer } from './null-daemons.ts';
-import { type ListenTarget, waitListening } from './wait-listening.ts';
+import { waitListening } from './wait-listening.ts';
 
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 const DB_NAME = 'inbox_mail_bench';
@@ -70,6 +70,12 @@ const WARMUP = Number(process.env.BENCH_WARMUP ?? 0.5);
 const BY_COMMAND = process.env.BENCH_BY_COMMAND === '1';
 /** BENCH_SPLIT=1: two more runs per round, each with half of ours (see the header). */
 const SPLIT = process.env.BENCH_SPLIT === '1';
+/** Our daemons: the entry of src/main.ts each runs, its name in the CPU figures, where it listens. */
+const DAEMONS = [
+  { entry: 'policy', name: 'policy', listen: 'POLICY_PORT' },
+  { entry: 'milter', name: 'milter', listen: 'MILTER_PORT' },
+  { entry: 'lmtp', name: 'receiver', listen: 'LMTP_PORT' },
+] as const;
 const CASES = [
   { name: '10 KiB', bytes: 10 * 1024, count: Number(process.env.BENCH_SMALL_COUNT ?? 2000), target: 0.5 },
   { name: '1 MiB', bytes: 1024 * 1024, count: Number(process.env.BENCH_LARGE_COUNT ?? 300), target: 0.6 },
@@ -124,7 +130,7 @@ async function main(): Promise<void> {
   const instances: PostfixInstance[] = [];
   try {
     // Each daemon's log goes to a file, whose end is printed should the benchmark fail.
-    for (const entry of ['policy', 'milter', 'lmtp']) {
+    for (const { entry } of DAEMONS) {
       const log = await open(join(baseDir, `${entry}.log`), 'w');
       children.push(
         spawn(NODE, ['src/main.ts', entry], {
@@ -134,17 +140,16 @@ async function main(): Promise<void> {
       );
       await log.close();
     }
-    const listens = [env.POLICY_PORT, env.MILTER_PORT, env.LMTP_PORT].map((v) =>
-      SOCKETS ? String(v) : Number(v),
-    );
     await Promise.all(
-      ['policy', 'milter', 'lmtp'].map((name, i) =>
-        waitListening(name, listens[i] as ListenTarget, children[i] as ChildProcess),
+      DAEMONS.map(({ entry, listen }, i) =>
+        waitListening(
+          entry,
+          SOCKETS ? String(env[listen]) : Number(env[listen]),
+          children[i] as ChildProcess,
+        ),
       ),
     );
-    const daemonPids = Object.fromEntries(
-      ['policy', 'milter', 'receiver'].map((name, i) => [name, children[i]?.pid as number]),
-    );
+    const daemonPids = Object.fromEntries(DAEMONS.map(({ name }, i) => [name, children[i]?.pid as number]));
     const asUser = process.getuid?.() === 0 ? ['-u', 'postfix'] : [];
     const sink = spawn('smtp-sink', [...asUser, '-L', `127.0.0.1:${sinkPort}`, '256'], { stdio: 'ignore' });
     children.push(sink);
@@ -264,7 +269,7 @@ async function main(): Promise<void> {
       }
     }
   } catch (error) {
-    for (const entry of ['policy', 'milter', 'lmtp']) {
+    for (const { entry } of DAEMONS) {
       const text = await readFile(join(baseDir, `${entry}.log`), 'utf8').catch(() => '');
       process.stderr.write(
         `--- the end of the ${entry} daemon's log\n${text.split('\n').slice(-20).join('\n')}\n`,

@@ -15,9 +15,9 @@
  */
 import { execFileSync, spawn } from 'node:child_process';
 import { chownSync, mkdtempSync, rmSync } from 'node:fs';
-import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { freePort } from '../support/sender-postfix.ts';
 import type { LoadConfig, LoadResult } from './policy-load.ts';
 import { type BenchTarget, startTarget } from './policy-target.ts';
 import { waitListening } from './wait-listening.ts';
@@ -29,14 +29,6 @@ const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const POSTGREY = process.env.POSTGREY ?? '/usr/sbin/postgrey';
 const TARGET_RATIO = 1.5;
 const HERE = new URL('.', import.meta.url).pathname;
-
-async function freePort(): Promise<number> {
-  const probe = net.createServer().listen(0, '127.0.0.1');
-  await new Promise((r) => probe.once('listening', r));
-  const { port } = probe.address() as net.AddressInfo;
-  await new Promise((r) => probe.close(r));
-  return port;
-}
 
 /** postgrey drops root privileges to --user, so its dbdir must belong to that user. */
 async function startPostgrey(): Promise<BenchTarget> {
