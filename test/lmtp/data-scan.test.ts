@@ -152,7 +152,7 @@ test('a 1 MiB message in 64 KiB pieces is unstuffed exactly, nearly every piece 
   const { messages, events } = await transcript(pieces);
   assert.equal(messages[0]?.toString('latin1'), body);
   assert.deepEqual(events.slice(-2), [`data ${Buffer.byteLength(body, 'latin1')}`, 'command QUIT']);
-  // The original only gets the piece where the data starts and pieces whose seam has a line-start dot.
+  // The original only gets pieces whose seam has a line-start dot (the first line has none).
   assert.ok(
     dataScanStats.handedOver - before.handedOver <= 4,
     `handed over ${dataScanStats.handedOver - before.handedOver}`,
@@ -161,4 +161,23 @@ test('a 1 MiB message in 64 KiB pieces is unstuffed exactly, nearly every piece 
     dataScanStats.scanned - before.scanned >= pieces.length,
     `scanned ${dataScanStats.scanned - before.scanned}`,
   );
+});
+
+test('a message that arrives in one piece is scanned by the scanner alone, unless its first line starts with a dot', async () => {
+  installDataScan();
+  const body = `Subject: one piece\r\n\r\n${'a line of text\r\n'.repeat(640)}`;
+  for (const [first, handedOver] of [
+    ['', 0],
+    ['..first line starts with a dot\r\n', 1],
+  ] as const) {
+    const sent = `${first}${body}`;
+    const before = { ...dataScanStats };
+    const { messages } = await transcript([Buffer.from(`DATA\r\n${sent}.\r\nQUIT\r\n`, 'latin1')]);
+    assert.equal(messages[0]?.toString('latin1'), sent.replace(/^\.\./, '.'));
+    assert.equal(
+      dataScanStats.handedOver - before.handedOver,
+      handedOver,
+      `first line ${JSON.stringify(first)}`,
+    );
+  }
 });
