@@ -98,6 +98,8 @@ export class DownloadService {
       start,
       end,
       partial: wanted !== undefined,
+      // A message's bytes never change, so its id is a strong validator (RFC 9110 8.8.1). Messages
+      // stored while the receiver still hashed every byte keep the SHA-256 ETag they were served with.
       etag: `"${message.sha256 ? message.sha256.toString('base64url') : message.messageId}"`,
       body: withBody ? this.#messages.readRange(message, start, end) : undefined,
     };

@@ -48,6 +48,10 @@ export interface MessageRecord {
   state: MessageState;
   sizeBytes: number;
   chunkBytes: number | null;
+  /**
+   * The content's SHA-256, kept only by messages stored before the mail path stopped computing it (a
+   * digest of every delivered byte, used for nothing but the ETag); null for every newer message.
+   */
   sha256: Buffer | null;
   envelopeFrom: string;
   fromName: string | null;

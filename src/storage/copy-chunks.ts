@@ -14,7 +14,6 @@
  * Memory: at most one chunk's pieces wait here (they are written once the chunk is full, its length
  * being part of the tuple), plus what the socket has not taken (writes wait for 'drain').
  */
-import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { finished } from 'node:stream/promises';
 import type pg from 'pg';
@@ -37,14 +36,13 @@ export async function copyChunks(
   messageId: string,
   body: AsyncIterable<Buffer>,
   chunkBytes: number,
-): Promise<{ size: number; sha256: Buffer }> {
+): Promise<{ size: number }> {
   const copy = client.query(copyFrom(COPY_SQL));
   const settled = finished(copy);
   // A database error rejects `settled` while this still reads the body: it is handled below, after the
   // body, and must not count as unhandled meanwhile.
   settled.catch(() => undefined);
   const prefix = tuplePrefix(inboxId, messageId);
-  const hash = createHash('sha256');
   let pending: Buffer[] = [];
   let filled = 0;
   let seq = 0;
@@ -66,7 +64,6 @@ export async function copyChunks(
   try {
     await write(HEADER);
     for await (const piece of body) {
-      hash.update(piece);
       size += piece.length;
       for (let offset = 0; offset < piece.length; ) {
         const take = Math.min(piece.length - offset, chunkBytes - filled);
@@ -85,7 +82,7 @@ export async function copyChunks(
   }
   copy.end(TRAILER);
   await settled;
-  return { size, sha256: hash.digest() };
+  return { size };
 }
 
 /** A tuple's field count and its first two fields (inbox id, message id) as UTF-8 text. */

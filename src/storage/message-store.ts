@@ -2,7 +2,6 @@
  * message-store - Postgres implementation of the core's MessageStore port: reservations, streamed
  * storage in fixed-size chunks, the event listing, download marks, byte ranges and rejections.
  */
-import { createHash } from 'node:crypto';
 import { to as copyTo } from 'pg-copy-streams';
 import { newMessageId } from '../core/ids.ts';
 import type { InboxEvent, MessageRecord, RejectionReason } from '../core/model.ts';
@@ -149,7 +148,6 @@ export class PgMessageStore implements MessageStore {
       now: d.now.toISOString(),
       data,
       chunkBytes: CHUNK_BYTES,
-      sha256: createHash('sha256').update(data).digest(),
       fromName,
       fromAddress,
       subject,
@@ -177,11 +175,11 @@ export class PgMessageStore implements MessageStore {
         }
         return { kind: 'duplicate' as const, messageId: row.out_message_id };
       }
-      const { size, sha256 } = await copyChunks(client, d.inboxId, row.out_message_id, body, CHUNK_BYTES);
+      const { size } = await copyChunks(client, d.inboxId, row.out_message_id, body, CHUNK_BYTES);
       await db.rows(
         'delivery-finish',
-        'SELECT finish_delivery($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)',
-        [d.inboxId, row.out_message_id, size, CHUNK_BYTES, sha256, ...summaryValues(d), d.now],
+        'SELECT finish_delivery($1, $2, $3, $4, NULL, $5, $6, $7, $8, $9, $10)',
+        [d.inboxId, row.out_message_id, size, CHUNK_BYTES, ...summaryValues(d), d.now],
         client,
       );
       return { kind: 'stored' as const, messageId: row.out_message_id };

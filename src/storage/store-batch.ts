@@ -17,7 +17,6 @@ export interface WholeMessage {
   now: string;
   data: Buffer;
   chunkBytes: number;
-  sha256: Buffer;
   fromName: string | null;
   fromAddress: string | null;
   subject: string | null;
@@ -37,9 +36,9 @@ interface OutcomeRow {
 }
 
 const SINGLE_SQL =
-  'SELECT out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)';
+  'SELECT out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12)';
 const BATCH_SQL =
-  'SELECT n, out_kind, out_message_id FROM store_whole_messages($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)';
+  'SELECT n, out_kind, out_message_id FROM store_whole_messages($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12, $13)';
 
 export function wholeMessageStores(db: Database): InboxBatcher<WholeMessage, StoreOutcome> {
   return new InboxBatcher<WholeMessage, StoreOutcome>({
@@ -53,7 +52,6 @@ export function wholeMessageStores(db: Database): InboxBatcher<WholeMessage, Sto
         m.now,
         m.data,
         m.chunkBytes,
-        m.sha256,
         m.fromName,
         m.fromAddress,
         m.subject,
@@ -74,7 +72,6 @@ export function wholeMessageStores(db: Database): InboxBatcher<WholeMessage, Sto
         Buffer.concat(column((m) => m.data)),
         column((m) => m.data.length),
         messages[0]?.chunkBytes,
-        Buffer.concat(column((m) => m.sha256)),
         column((m) => m.fromName),
         column((m) => m.fromAddress),
         column((m) => m.subject),

@@ -6,7 +6,6 @@
  * path stores nothing and answers with the first delivery's message id.
  */
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import type { Database } from '../../src/storage/database.ts';
@@ -56,7 +55,7 @@ for (const c of cases) {
     });
     assert.equal(response.status, 200);
     assert.ok(response.bytes.equals(raw), 'the download differs from the message as delivered');
-    assert.equal(response.headers.get('etag'), `"${createHash('sha256').update(raw).digest('base64url')}"`);
+    assert.equal(response.headers.get('etag'), `"${id}"`);
     const status = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.reader });
     assert.equal(status.json.quota_used_bytes, c.size);
     assert.equal(status.json.message_count, 1);

@@ -4,7 +4,7 @@
  * test per row of the download error table.
  */
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import pg from 'pg';
 import { TOKENS } from '../../src/container.ts';
@@ -124,6 +124,22 @@ test('the ETag is the same on every download and differs between messages', asyn
   assert.equal(ranged, first);
   assert.equal(inspected, first);
   assert.notEqual(other, first);
+  assert.equal(first, `"${a}"`, 'a message stored now is tagged with its id');
+});
+
+test('a message stored with a content digest (before the mail path stopped hashing) keeps it as its ETag', async () => {
+  const inbox = await h.provision();
+  const raw = 'Subject: old\r\n\r\nold\r\n';
+  const id = await h.deliver(inbox.inbox_id, raw);
+  const digest = createHash('sha256').update(raw).digest();
+  await sql('UPDATE messages SET sha256 = $1 WHERE inbox_id = $2 AND message_id = $3', [
+    digest,
+    inbox.inbox_id,
+    id,
+  ]);
+  const response = await download(inbox, id);
+  assert.equal(response.status, 200);
+  assert.equal(response.headers.get('etag'), `"${digest.toString('base64url')}"`);
 });
 
 async function assertRange(range: string, start: number, end: number): Promise<void> {

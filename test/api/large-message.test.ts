@@ -3,7 +3,6 @@
  * a single piece (as a network stream may), is stored in 256 KiB chunks and downloads byte-exact.
  */
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { type Harness, startHarness } from '../support/harness.ts';
 
@@ -26,6 +25,6 @@ test('a 25 MiB message delivered as one piece downloads byte-exact with its ETag
   assert.equal(response.status, 200);
   assert.equal(response.headers.get('content-length'), String(raw.length));
   assert.ok(response.bytes.equals(raw), 'the download differs from the message as delivered');
-  assert.equal(response.headers.get('etag'), `"${createHash('sha256').update(raw).digest('base64url')}"`);
+  assert.equal(response.headers.get('etag'), `"${id}"`);
   process.stdout.write(`# stored 25 MiB in one piece in ${storeMs.toFixed(0)} ms\n`);
 });

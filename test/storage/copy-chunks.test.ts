@@ -41,7 +41,6 @@ test('chunks are cut at CHUNK_BYTES whatever the pieces, and hold the bytes as s
     return copyChunks(client, inbox.inbox_id, 'msg_copy_ok', pieces(data, 65_521), CHUNK_BYTES);
   });
   assert.equal(result.size, data.length);
-  assert.ok(result.sha256.equals(createHash('sha256').update(data).digest()));
   const rows = await db.rows<{ seq: number; length: number; md5: string }>(
     'test-chunks',
     `SELECT seq, octet_length(data) AS length, md5(data) AS md5 FROM message_chunks
