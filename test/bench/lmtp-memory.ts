@@ -199,7 +199,11 @@ async function main(): Promise<void> {
 
   const stored = await admin(dbUrl, (client) =>
     client.query<{ inbox_id: string; size_bytes: number; sha256: Buffer }>(
-      `SELECT inbox_id, size_bytes::int8::float8 AS size_bytes, sha256 FROM messages WHERE state = 'stored'`,
+      // The digest of the stored chunks, in order: what a download would serve.
+      `SELECT m.inbox_id, m.size_bytes::int8::float8 AS size_bytes,
+         sha256(string_agg(c.data, ''::bytea ORDER BY c.seq)) AS sha256
+       FROM messages m JOIN message_chunks c USING (inbox_id, message_id)
+       WHERE m.state = 'stored' GROUP BY m.inbox_id, m.message_id`,
     ),
   );
   const byInbox = new Map(stored.rows.map((r) => [r.inbox_id, r]));
