@@ -37,18 +37,25 @@ async function until(done: () => boolean, ms = 2000): Promise<void> {
 const total = (pacer: BufferPacer) => pacer.youngCollections + pacer.fullCollections;
 
 test('young garbage above the limit is freed by a young collection within a few intervals', async () => {
-  const pacer = paceBufferGarbage(8 * MiB, 20);
-  try {
-    // 40 MiB of garbage: below the external growth (~64 MiB) at which V8 collects on its own.
-    garbage(40);
-    const before = arrayBuffers();
-    assert.ok(before > 24 * MiB, `the garbage is still counted (${(before / MiB).toFixed(1)} MiB)`);
-    await until(() => arrayBuffers() < 16 * MiB);
-    assert.ok(arrayBuffers() < 16 * MiB, `freed: ${(arrayBuffers() / MiB).toFixed(1)} MiB left`);
-    assert.ok(pacer.youngCollections >= 1, 'a young collection ran');
-    assert.equal(pacer.fullCollections, 0, 'and was enough');
-  } finally {
-    pacer.stop();
+  // V8 may collect the garbage on its own before the pacer's first check (it did once in CI: freed
+  // within 30 ms, no collection of the pacer's); then there is nothing left for the pacer to do, and
+  // the scene is set again, up to five times. A pacer that never collects fails all five.
+  for (let attempt = 1; ; attempt++) {
+    const pacer = paceBufferGarbage(8 * MiB, 20);
+    try {
+      // 40 MiB of garbage: below the external growth (~64 MiB) at which V8 collects on its own.
+      garbage(40);
+      const before = arrayBuffers();
+      assert.ok(before > 24 * MiB, `the garbage is still counted (${(before / MiB).toFixed(1)} MiB)`);
+      await until(() => arrayBuffers() < 16 * MiB);
+      assert.ok(arrayBuffers() < 16 * MiB, `freed: ${(arrayBuffers() / MiB).toFixed(1)} MiB left`);
+      if (pacer.youngCollections === 0 && attempt < 5) continue;
+      assert.ok(pacer.youngCollections >= 1, `a young collection ran (attempt ${attempt})`);
+      assert.equal(pacer.fullCollections, 0, 'and was enough');
+      return;
+    } finally {
+      pacer.stop();
+    }
   }
 });
 
