@@ -12,8 +12,7 @@
  * are the original's, case for case (end of data only at CRLF "." CRLF; a dot-stuffing dot removed only
  * after LF; the same held-back tail), and any case where that takes care (a first line starting with a
  * dot, a piece shorter than 16 bytes, a line-start dot within two bytes of the held-back tail) is handed
- * to the original unchanged. (Until 2026-11-24 every first piece was handed over, and a 10 KiB message
- * usually arrives as one: the original walked most mail byte by byte.) test/lmtp/data-scan.test.ts compares both on many random cuttings.
+ * to the original unchanged. test/lmtp/data-scan.test.ts compares both on many random cuttings.
  */
 import { createRequire } from 'node:module';
 import { SMTPStream } from 'smtp-server/lib/smtp-stream.js';

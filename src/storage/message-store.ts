@@ -175,6 +175,7 @@ export class PgMessageStore implements MessageStore {
         }
         return { kind: 'duplicate' as const, messageId: row.out_message_id };
       }
+      // NULL for the content digest, no longer computed (store-batch.ts).
       const { size } = await copyChunks(client, d.inboxId, row.out_message_id, body, CHUNK_BYTES);
       await db.rows(
         'delivery-finish',

@@ -35,6 +35,8 @@ interface OutcomeRow {
   out_message_id: string;
 }
 
+// The NULL is the functions' content digest (p_sha256, p_sha256s), which the mail path no longer
+// computes (core/model.ts MessageRecord.sha256); message-store.ts passes it to finish_delivery too.
 const SINGLE_SQL =
   'SELECT out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12)';
 const BATCH_SQL =
