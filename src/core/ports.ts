@@ -252,7 +252,10 @@ export interface AuthVerdict {
 }
 
 export interface AuthenticationRequest {
-  /** The message as the sender sent it (headers and body, CRLF), consumed once. */
+  /**
+   * The message as the sender sent it (headers and body, CRLF), consumed once. When readsBody() said
+   * no for its header fields, the header block and the empty line alone are enough.
+   */
   message: AsyncIterable<Buffer>;
   clientAddress: string;
   helo: string | null;
@@ -262,6 +265,8 @@ export interface AuthenticationRequest {
 export interface Authenticator {
   /** DKIM, SPF and DMARC for one message. DNS failures become temperror results, never exceptions. */
   authenticate(request: AuthenticationRequest): Promise<AuthVerdict>;
+  /** Whether the verdict for a message with these header field names depends on its body. */
+  readsBody(headerNames: readonly string[]): boolean;
 }
 
 /** One message, by its key. */

@@ -9,6 +9,11 @@
  * mailauth that fast-linebreaks.ts cannot patch stops the milter at once): it is about a third of a
  * daemon's heap, and only the milter needs it. Loading it swaps mailauth's byte-by-byte line-break pass
  * for fast-linebreaks.ts.
+ *
+ * The body matters to mailauth only through body hashes: one per DKIM-Signature, and one for the newest
+ * ARC-Message-Signature. Without such a field the verdict is the same with or without the body
+ * (test/mail/mailauth-body.test.ts checks that against mailauth itself), so readsBody() says no and the
+ * milter hands over the header block alone: a 1 MiB unsigned message is not walked a second time.
  */
 import { Readable } from 'node:stream';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
@@ -33,6 +38,10 @@ export class MailauthAuthenticator implements Authenticator {
   constructor(authservId: string, resolver: CachingLookup) {
     this.#authservId = authservId;
     this.#resolver = resolver;
+  }
+
+  readsBody(headerNames: readonly string[]): boolean {
+    return headerNames.some(signsBody);
   }
 
   async authenticate(request: AuthenticationRequest): Promise<AuthVerdict> {
@@ -67,4 +76,18 @@ export function authResultsValue(headers: string): string {
     .slice('authentication-results:'.length)
     .replace(/^[ \t]+/, '')
     .replace(/\r\n$/, '');
+}
+
+/**
+ * A field whose signature covers the body: DKIM-Signature, or any ARC-* field (only the
+ * ARC-Message-Signature hashes the body; the others are counted in to stay on the safe side). The name
+ * is normalized as mailauth's header parser does (line breaks dropped, blanks trimmed, lower case);
+ * toLowerCase() folds more than mailauth's ASCII-only folding, so it can only say yes more often.
+ */
+function signsBody(name: string): boolean {
+  const key = name
+    .replace(/[\r\n]/g, '')
+    .replace(/^[ \t]+|[ \t]+$/g, '')
+    .toLowerCase();
+  return key === 'dkim-signature' || key.startsWith('arc-');
 }

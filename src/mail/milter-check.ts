@@ -5,6 +5,7 @@
  * authserv-id (RFC 8601 section 5) and insert ours at the top.
  *
  * Memory: the body is handed to mailauth as it arrives, with backpressure; nothing holds the message.
+ * A body no signature covers is only counted (Authenticator.readsBody): mailauth gets the headers alone.
  */
 import { once } from 'node:events';
 import { PassThrough } from 'node:stream';
@@ -41,6 +42,7 @@ export class MilterCheck implements MilterHandler {
       Buffer.from('\r\n'),
     ]);
     let sizeBytes = headerBlock.length;
+    const readsBody = this.#authenticator.readsBody(headers.map((h) => h.name));
     const stream = new PassThrough();
     const auth: Promise<AuthVerdict> = this.#authenticator.authenticate({
       message: stream,
@@ -54,14 +56,16 @@ export class MilterCheck implements MilterHandler {
     auth.catch(() => {});
     failed.catch(() => {});
     stream.write(headerBlock);
+    // Nothing more to give: mailauth may work (DNS, DMARC) while the body is still arriving.
+    if (!readsBody) stream.end();
 
     return {
       body: async (chunk) => {
         sizeBytes += chunk.length;
-        if (!stream.write(chunk)) await Promise.race([once(stream, 'drain'), failed]);
+        if (readsBody && !stream.write(chunk)) await Promise.race([once(stream, 'drain'), failed]);
       },
       end: async () => {
-        stream.end();
+        if (readsBody) stream.end();
         const verdict = await auth;
         const decision = await this.#admission.admit({
           queueId: envelope.queueId,
