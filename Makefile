@@ -79,13 +79,14 @@ bench-api: install database
 	$(NODE) test/bench/api-bench.ts
 
 ## bench-mail: messages/s through the real stack vs. Postfix delivering to a null LMTP sink, the policy
-## daemon vs. postgrey, the receiver's memory with ten 25 MiB messages at once, and what storing a MiB
-## costs PostgreSQL (see README)
+## daemon vs. postgrey, the receiver's memory with ten 25 MiB messages at once, what storing a MiB
+## costs PostgreSQL, and the milter's content check alone (see README)
 bench-mail: install database mail-tools
 	$(NODE) test/bench/mail-bench.ts
 	$(NODE) test/bench/policy-bench.ts
 	$(NODE) test/bench/lmtp-memory.ts
 	$(NODE) test/bench/chunk-storage.ts
+	$(NODE) test/bench/milter-check-bench.ts
 
 ## up: build the images and start the container stack in the background (docker/compose.yaml; settings
 ## in docker/.env, from docker/.env.example; see docker/README.md)
