@@ -2,36 +2,17 @@
  * MailauthAuthenticator.readsBody: which messages the milter may authenticate from their header block
  * alone. The rule (a DKIM-Signature or an ARC-* field means yes) is checked against mailauth itself:
  * every unsigned message below gets the same verdict, Authentication-Results text included, with and
- * without its body, and a signed one does not (its body hash would fail). DNS is a fake resolver
- * (MAIL-FACTS E.3), as in test/lmtp/authentication-results.test.ts.
+ * without its body, and a signed one does not (its body hash would fail). DNS is the end-to-end
+ * suite's zone (test/support/dns-zone.ts), answered without a server (MAIL-FACTS E.3).
  */
 import assert from 'node:assert/strict';
-import { generateKeyPairSync } from 'node:crypto';
 import { describe, test } from 'node:test';
-import { dkimSign } from 'mailauth';
 import type { AuthVerdict } from '../../src/core/ports.ts';
 import type { CachingLookup } from '../../src/mail/dns.ts';
 import { MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
+import { dkimSignFor, resolveInZone } from '../support/dns-zone.ts';
 
-const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
-const pem = privateKey.export({ type: 'pkcs8', format: 'pem' }) as string;
-const DNS: Record<string, Record<string, string[][]>> = {
-  'allowed.test': { TXT: [['v=spf1 ip4:127.0.0.0/8 -all']] },
-  '_dmarc.allowed.test': { TXT: [['v=DMARC1; p=reject']] },
-  'sel._domainkey.allowed.test': {
-    TXT: [[`v=DKIM1; k=rsa; p=${publicKey.export({ type: 'spki', format: 'der' }).toString('base64')}`]],
-  },
-  'strict.test': { TXT: [['v=spf1 ip4:10.0.0.1 -all']] },
-  '_dmarc.strict.test': { TXT: [['v=DMARC1; p=reject']] },
-};
-/** Behaves like dns.promises.resolve: an unknown name throws ENOTFOUND. */
-const lookup = {
-  resolve: async (name: string, rrtype: string) => {
-    const answer = DNS[name.toLowerCase()]?.[rrtype];
-    if (answer) return answer;
-    throw Object.assign(new Error(`queryTxt ENOTFOUND ${name}`), { code: 'ENOTFOUND' });
-  },
-} as unknown as CachingLookup;
+const lookup = { resolve: resolveInZone } as unknown as CachingLookup;
 const authenticator = new MailauthAuthenticator('mx.svc.test', lookup);
 
 /** The header block (up to and with the empty line) and the field names in it. */
@@ -100,9 +81,8 @@ describe('an unsigned message gets the same verdict from its header block alone'
 });
 
 test('a DKIM-signed message needs its body: without it the signature fails, so readsBody says yes', async () => {
-  const key = { signingDomain: 'allowed.test', selector: 'sel', privateKey: pem };
   const raw = message('s@allowed.test');
-  const signed = (await dkimSign(raw, { ...key, signatureData: [key] })).signatures + raw;
+  const signed = (await dkimSignFor('allowed.test', Buffer.from(raw, 'latin1'))).toString('latin1');
   const { head, names } = split(signed);
   assert.equal(authenticator.readsBody(names), true);
   const whole = await verdict(signed, 's@allowed.test');

@@ -9,7 +9,8 @@
  *   lax.test      SPF ?all, no DKIM, DMARC p=none                 (DMARC fails, not refused)
  *   optout.test   SPF pass, DKIM key, DMARC p=none                (the opted-out domain)
  * Client addresses (MAIL-FACTS F.3): see CLIENTS. dkimSignFor() signs with mailauth and throws if it
- * cannot (unknown domain, signing error).
+ * cannot (unknown domain, signing error). resolveInZone() answers mailauth's lookups from the same TXT
+ * records without a DNS server, for tests and benchmarks that call mailauth directly.
  */
 import { generateKeyPairSync } from 'node:crypto';
 import { dkimSign } from 'mailauth';
@@ -112,4 +113,14 @@ export async function dkimSignFor(
     );
   }
   return Buffer.concat([Buffer.from(result.signatures), message]);
+}
+
+/**
+ * The zone's TXT records as dns.promises.resolve(name, rrtype) gives them (mailauth's `resolver`
+ * option, MAIL-FACTS E.3): one record of one or more strings; any other name or type throws ENOTFOUND.
+ */
+export async function resolveInZone(name: string, rrtype: string): Promise<string[][]> {
+  const value = rrtype === 'TXT' ? testZone().records.txt?.[name.toLowerCase()] : undefined;
+  if (value !== undefined) return [typeof value === 'string' ? [value] : value];
+  throw Object.assign(new Error(`query${rrtype} ENOTFOUND ${name}`), { code: 'ENOTFOUND' });
 }
