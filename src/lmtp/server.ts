@@ -102,6 +102,11 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     hideENHANCEDSTATUSCODES: true,
     // close() below sends our 421 at the end of the grace; smtp-server's own is only a fallback.
     closeTimeout: graceMs + 5_000,
+    // Every sender is taken (the milter decided before queueing); answered at once, not after
+    // smtp-server's default setImmediate, so MAIL's reply leaves with XFORWARD's (coalesce-writes.ts).
+    onMailFrom(_address, _session, callback) {
+      callback();
+    },
     onRcptTo(address, session, callback) {
       const list = accepted.get(session.envelope) ?? [];
       list.push(address.address);

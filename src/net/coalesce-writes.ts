@@ -1,10 +1,14 @@
 /**
- * coalesce-writes - makes every write a socket gets within one tick leave in one system call.
+ * coalesce-writes - makes every write a socket gets within one turn of the event loop leave in one
+ * system call.
  *
  * For servers that write each protocol reply on its own: smtp-server answers Postfix's pipelined
- * XFORWARD, MAIL, RCPT and DATA with four socket.write calls, each a syscall here and a wakeup of
- * Postfix's lmtp process there; the milter answers end of message with header edits, then continue. The first write of a tick corks the socket and schedules
- * the uncork for the end of that tick, so the replies go out together, in order, as one writev.
+ * XFORWARD, MAIL, RCPT and DATA with a socket.write each, a syscall here and a wakeup of Postfix's lmtp
+ * process there; the milter answers end of message with header edits, then continue. The first write
+ * corks the socket and schedules the uncork with setImmediate, which runs once the I/O callback that
+ * wrote, and every promise continuation and nextTick it started, have run: the replies go out together,
+ * in order, as one writev. (An uncork on nextTick came too early: smtp-server answers the XFORWARDs at
+ * once but MAIL and RCPT after our handlers' promises, so each message's replies left in two writes.)
  * end() uncorks as usual; an uncork on a socket that is no longer corked does nothing.
  */
 import type { Socket } from 'node:net';
@@ -15,7 +19,7 @@ export function coalesceWrites(socket: Socket): void {
   socket.write = function coalescedWrite(this: Socket, ...args: Parameters<Socket['write']>): boolean {
     if (this.writableCorked === 0) {
       this.cork();
-      process.nextTick(uncork);
+      setImmediate(uncork);
     }
     return write.apply(this, args);
   } as Socket['write'];

@@ -274,6 +274,39 @@ test('the LMTP transcript: greeting, LHLO with XFORWARD, then one literal reply 
   assert.equal(replies.length, 3);
 });
 
+test("Postfix's pipelined XFORWARD, MAIL, RCPT and DATA are answered together, in one write", async () => {
+  const inbox = await h.provision();
+  // Each reply as the server socket takes it: was the socket corked, i.e. does it leave with the last?
+  const writes: { reply: string; corked: boolean }[] = [];
+  const spy = (socket: import('node:net').Socket) => {
+    const write = socket.write;
+    socket.write = function spiedWrite(this: typeof socket, ...args: Parameters<typeof write>) {
+      writes.push({ reply: String(args[0]).trim(), corked: this.writableCorked > 0 });
+      return write.apply(this, args);
+    } as typeof write;
+  };
+  lmtp.server.server.once('connection', spy);
+  const client = await LmtpClient.connect({ port });
+  await client.command('LHLO postfix.test');
+  writes.length = 0;
+  await client.write(
+    'XFORWARD NAME=mail.sender.test ADDR=127.0.0.3 PORT=33405\r\n' +
+      `XFORWARD PROTO=ESMTP HELO=mail.sender.test IDENT=${ident()} SOURCE=REMOTE\r\n` +
+      `MAIL FROM:<a@example.org>\r\nRCPT TO:<${address(inbox)}>\r\nDATA\r\n`,
+  );
+  for (let i = 0; i < 5; i++) await client.reply();
+  assert.deepEqual(writes, [
+    { reply: '250 OK', corked: false },
+    { reply: '250 OK', corked: true },
+    { reply: '250 Accepted', corked: true },
+    { reply: '250 Accepted', corked: true },
+    { reply: '354 End data with <CR><LF>.<CR><LF>', corked: true },
+  ]);
+  await client.write('Subject: pipelined\r\n\r\nhello\r\n.\r\n');
+  assert.match((await client.reply())[0] as string, /^250 2\.0\.0 msg_\w+ stored$/);
+  await client.quit();
+});
+
 test('XFORWARD attributes do not carry over to the next transaction on a cached connection', async () => {
   const inbox = await h.provision();
   const client = await LmtpClient.connect({ port });

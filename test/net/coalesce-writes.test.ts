@@ -1,6 +1,7 @@
 /**
- * coalesceWrites: the writes of one tick are held (the socket is corked) until the tick ends, then
- * leave together, in order; the next tick starts uncorked; end() with data still works.
+ * coalesceWrites: the writes of one turn of the event loop, promise continuations included, are held
+ * (the socket is corked) until the turn ends, then leave together, in order; the next turn starts
+ * uncorked; end() with data still works.
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
@@ -35,7 +36,7 @@ function received(socket: net.Socket): () => string {
   return () => text;
 }
 
-test('writes in one tick are corked together and sent in order once the tick ends', async () => {
+test('writes in one turn are corked together and sent in order once the turn ends', async () => {
   const { server, client, close } = await pair();
   try {
     coalesceWrites(server);
@@ -43,7 +44,7 @@ test('writes in one tick are corked together and sent in order once the tick end
     server.write('250 one\r\n');
     server.write(Buffer.from('250 two\r\n'));
     server.write('354 three\r\n');
-    assert.equal(server.writableCorked, 1, 'held during the tick');
+    assert.equal(server.writableCorked, 1, 'held during the turn');
     await new Promise((resolve) => setImmediate(resolve));
     assert.equal(server.writableCorked, 0, 'released after it');
     while (!text().endsWith('three\r\n')) await once(client, 'data');
@@ -67,6 +68,38 @@ test('a write callback still runs once the data is flushed', async () => {
       server.write('250 ok\r\n', (error) => (error ? reject(error) : resolve())),
     );
     await flushed;
+    assert.equal(server.writableCorked, 0);
+  } finally {
+    close();
+  }
+});
+
+test('replies written from a read callback and from the promises it starts leave in one write', async () => {
+  const { server, client, close } = await pair();
+  try {
+    coalesceWrites(server);
+    const text = received(client);
+    const corkedAt: number[] = [];
+    // As smtp-server answers pipelined commands: some at once, some after a handler's promise settles.
+    server.on('data', () => {
+      server.write('250 xforward\r\n');
+      corkedAt.push(server.writableCorked);
+      process.nextTick(() => {
+        corkedAt.push(server.writableCorked);
+        void Promise.resolve().then(() => {
+          corkedAt.push(server.writableCorked);
+          server.write('250 mail\r\n');
+          void Promise.resolve().then(() => {
+            server.write('354 data\r\n');
+            corkedAt.push(server.writableCorked);
+          });
+        });
+      });
+    });
+    client.write('XFORWARD\r\nMAIL\r\nDATA\r\n');
+    while (!text().endsWith('354 data\r\n')) await once(client, 'data');
+    assert.deepEqual(corkedAt, [1, 1, 1, 1], 'still corked after the nextTick and the promises');
+    assert.equal(text(), '250 xforward\r\n250 mail\r\n354 data\r\n');
     assert.equal(server.writableCorked, 0);
   } finally {
     close();
