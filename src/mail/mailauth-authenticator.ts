@@ -19,13 +19,18 @@ import { Readable } from 'node:stream';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
 import type { CachingLookup } from './dns.ts';
 import { installFastLinebreaks } from './fast-linebreaks.ts';
+import { installFastRelaxedBody } from './fast-relaxed-body.ts';
 
 let mailauth: Promise<typeof import('mailauth')> | undefined;
 
-/** Loads mailauth and patches its line-break pass, once; rejects if the patch does not fit. */
+/**
+ * Loads mailauth and patches its line-break pass and its relaxed body canonicalization, once; rejects
+ * if a patch does not fit.
+ */
 export function loadMailauth(): Promise<typeof import('mailauth')> {
   mailauth ??= import('mailauth').then((module) => {
     installFastLinebreaks();
+    installFastRelaxedBody();
     return module;
   });
   return mailauth;

@@ -1,0 +1,121 @@
+/**
+ * fast-relaxed-body - a faster pass for mailauth's DKIM "relaxed" body canonicalization (RFC 6376
+ * 3.4.4), the canonicalization nearly every DKIM signer uses.
+ *
+ * mailauth's RelaxedHash#update decides, line by line, whether a line must be rewritten (a tab, a run
+ * of spaces, a space before the line break, a bare LF) by looking at every byte of the body in a JS
+ * loop: about 2.8 ms per MiB, most of the milter's CPU for a DKIM-signed 1 MiB message
+ * (milter-check-bench). `relaxedUpdate` makes the same decisions from Buffer#indexOf: the line breaks,
+ * and the next tab and the next two spaces, each searched for once per occurrence, not per byte. It
+ * hands mailauth's own helpers (_pushBodyHash, fixLineBuffer, _updateBodyHash) the same buffers in the
+ * same order, and leaves the same remainder for the next chunk (test/mail/fast-relaxed-body.test.ts
+ * runs both on the same inputs and compares every call).
+ *
+ * installFastRelaxedBody() puts it in place of mailauth's method, once, and refuses (throws at start-up)
+ * if the method it replaces is not there, as fast-linebreaks.ts does.
+ */
+import { createRequire } from 'node:module';
+
+/** The part of mailauth's RelaxedHash that update() reads and calls. */
+export interface RelaxedHashState {
+  byteLength: number;
+  canonicalizedLength: number;
+  remainder: Buffer | false;
+  _pushBodyHash(chunk: Buffer): void;
+  _updateBodyHash(chunk: Buffer): void;
+  fixLineBuffer(line: Buffer): Buffer;
+}
+
+type Update = (this: RelaxedHashState, chunk: Buffer | null, final?: boolean) => void;
+
+const LF = 0x0a;
+const CR = 0x0d;
+const SPACE = 0x20;
+const TAB = 0x09;
+const TWO_SPACES = Buffer.from('  ');
+const CRLF = Buffer.from('\r\n');
+
+const require = createRequire(import.meta.url);
+
+export function relaxedUpdate(this: RelaxedHashState, input: Buffer | null, final?: boolean): void {
+  this.byteLength += input?.length || 0;
+  let chunk = input;
+  if (this.remainder && this.remainder.length > 0) {
+    chunk = chunk ? Buffer.concat([this.remainder, chunk]) : this.remainder;
+    this.remainder = false;
+  }
+
+  // lineEndPos: the last line break seen; cursorPos: the first byte not yet handed on.
+  let lineEndPos = -1;
+  let cursorPos = 0;
+  if (chunk && chunk.length > 0) {
+    let tab = chunk.indexOf(TAB);
+    let spaces = chunk.indexOf(TWO_SPACES);
+    for (let pos = chunk.indexOf(LF); pos !== -1; pos = chunk.indexOf(LF, pos + 1)) {
+      const lineStart = lineEndPos + 1;
+      if (tab !== -1 && tab < lineStart) tab = chunk.indexOf(TAB, lineStart);
+      if (spaces !== -1 && spaces < lineStart) spaces = chunk.indexOf(TWO_SPACES, lineStart);
+      const needsFixing =
+        (tab !== -1 && tab < pos) ||
+        (spaces !== -1 && spaces < pos) ||
+        pos === 0 ||
+        chunk[pos - 1] !== CR ||
+        (pos >= 2 && chunk[pos - 2] === SPACE);
+      if (needsFixing) {
+        // The lines before it that need nothing go on as they are, in one piece.
+        if (lineEndPos >= 0 && lineEndPos >= cursorPos) {
+          this._pushBodyHash(chunk.subarray(cursorPos, lineEndPos + 1));
+        }
+        this._pushBodyHash(this.fixLineBuffer(chunk.subarray(lineStart, pos + 1)));
+        cursorPos = pos + 1;
+      }
+      lineEndPos = pos;
+    }
+  }
+
+  if (chunk && cursorPos < chunk.length && cursorPos !== lineEndPos) {
+    const complete = chunk.subarray(cursorPos, lineEndPos + 1);
+    if (complete.length > 0) this._pushBodyHash(complete);
+    cursorPos = lineEndPos + 1;
+  }
+  if (chunk && !final && cursorPos < chunk.length) this.remainder = chunk.subarray(cursorPos);
+
+  if (final) {
+    const last = chunk && cursorPos ? chunk.subarray(cursorPos) : chunk;
+    if (chunk && last && last.length > 0) {
+      // The last line has no line break: a tab or two spaces in it, or a space at its end, need fixing.
+      const tail = chunk.subarray(lineEndPos + 1);
+      const fix =
+        tail.indexOf(TAB) !== -1 || tail.indexOf(TWO_SPACES) !== -1 || last[last.length - 1] === SPACE;
+      this._pushBodyHash(fix ? this.fixLineBuffer(last) : last);
+    }
+    // The line break that ends a non-empty body.
+    if (this.canonicalizedLength) this._updateBodyHash(CRLF);
+  }
+}
+
+interface RelaxedPrototype {
+  update: Update;
+}
+
+/** mailauth's RelaxedHash prototype, checked to still have the method we replace. */
+function mailauthRelaxedPrototype(): RelaxedPrototype {
+  const module = require('mailauth/lib/dkim/body/relaxed.js') as {
+    RelaxedHash?: { prototype: RelaxedPrototype };
+  };
+  const prototype = module.RelaxedHash?.prototype;
+  if (typeof prototype?.update !== 'function') {
+    throw new Error('mailauth no longer has RelaxedHash#update: review src/mail/fast-relaxed-body.ts');
+  }
+  return prototype;
+}
+
+let original: Update | undefined;
+
+/** Replaces mailauth's RelaxedHash#update; returns the method it replaced. Idempotent. */
+export function installFastRelaxedBody(): Update {
+  const prototype = mailauthRelaxedPrototype();
+  original ??= prototype.update;
+  prototype.update = relaxedUpdate;
+  return original;
+}
