@@ -7,9 +7,11 @@
  * process there; the milter answers end of message with header edits, then continue. The first write
  * corks the socket and schedules the uncork with setImmediate, which runs once the I/O callback that
  * wrote, and every promise continuation and nextTick it started, have run: the replies go out together,
- * in order, as one writev. (An uncork on nextTick came too early: smtp-server answers the XFORWARDs at
- * once but MAIL and RCPT after our handlers' promises, so each message's replies left in two writes.)
- * end() uncorks as usual; an uncork on a socket that is no longer corked does nothing.
+ * in order, as one writev. (An uncork on nextTick runs before promise continuations, so a reply written
+ * once a handler's promise settles left in a write of its own.) A reply that itself waits for a
+ * setImmediate still leaves on its own: smtp-server's default onMailFrom did, so the receiver answers
+ * MAIL at once (lmtp/server.ts). end() uncorks as usual; an uncork on a socket that is no longer
+ * corked does nothing.
  */
 import type { Socket } from 'node:net';
 
