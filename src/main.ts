@@ -73,8 +73,11 @@ async function main(argv: string[]): Promise<void> {
       process.exit(1);
     }, graceMs + 10_000);
     timer.unref();
-    // Postfix first, so no new delivery starts; then each daemon finishes what it has in flight.
-    for (const item of [...running].reverse()) {
+    // Postfix first, so no new delivery starts; then each daemon, the last started first, finishes what
+    // it has in flight (sort is stable).
+    const order = [...running].reverse();
+    order.sort((a, b) => Number(b.name === 'postfix') - Number(a.name === 'postfix'));
+    for (const item of order) {
       const started = performance.now();
       await item
         .close()
@@ -101,12 +104,6 @@ async function main(argv: string[]): Promise<void> {
   process.on('SIGTERM', onSignal);
   process.on('SIGINT', onSignal);
 
-  if (entry === 'api' || all) {
-    const { startApi } = await import('./daemons/api.ts');
-    const api = await startApi(container, graceMs);
-    running.push({ name: 'api', close: () => api.close() });
-    log({ msg: 'listening', api: api.url, public_base_url: config.publicBaseUrl });
-  }
   if (entry === 'policy' || all) {
     const { startPolicy } = await import('./daemons/policy.ts');
     const server = await startPolicy(container, logOf('policy'));
@@ -151,6 +148,13 @@ async function main(argv: string[]): Promise<void> {
       smtp: `${postfix.smtp.host}:${postfix.smtp.port}`,
       mail_domain: config.mailDomain,
     });
+  }
+  // The API last: with `all` (make run), once it answers, Postfix already takes mail for its inboxes.
+  if (entry === 'api' || all) {
+    const { startApi } = await import('./daemons/api.ts');
+    const api = await startApi(container, graceMs);
+    running.push({ name: 'api', close: () => api.close() });
+    log({ msg: 'listening', api: api.url, public_base_url: config.publicBaseUrl });
   }
   const metricsPort = config.metricsPort ?? DEFAULT_METRICS_PORTS[entry] ?? 9464;
   if (metricsPort !== 'off' && !health.stopping) {
