@@ -12,7 +12,8 @@
  * runs both on the same inputs and compares every call).
  *
  * installFastRelaxedBody() puts it in place of mailauth's method, once, and refuses (throws at start-up)
- * if the method it replaces is not there, as fast-linebreaks.ts does.
+ * if the method it replaces, or a helper it calls, is not there, as fast-linebreaks.ts does: a mailauth
+ * upgrade that renames them fails loudly at start-up, not on the first signed message.
  */
 import { createRequire } from 'node:module';
 
@@ -98,14 +99,20 @@ interface RelaxedPrototype {
   update: Update;
 }
 
-/** mailauth's RelaxedHash prototype, checked to still have the method we replace. */
+/** What relaxedUpdate calls on mailauth's RelaxedHash, besides the method it replaces. */
+const HELPERS = ['_pushBodyHash', '_updateBodyHash', 'fixLineBuffer'] as const;
+
+/** mailauth's RelaxedHash prototype, checked to still have the method we replace and the ones we call. */
 function mailauthRelaxedPrototype(): RelaxedPrototype {
   const module = require('mailauth/lib/dkim/body/relaxed.js') as {
-    RelaxedHash?: { prototype: RelaxedPrototype };
+    RelaxedHash?: { prototype: RelaxedPrototype & Record<string, unknown> };
   };
   const prototype = module.RelaxedHash?.prototype;
-  if (typeof prototype?.update !== 'function') {
-    throw new Error('mailauth no longer has RelaxedHash#update: review src/mail/fast-relaxed-body.ts');
+  const missing = ['update', ...HELPERS].filter((name) => typeof prototype?.[name] !== 'function');
+  if (!prototype || missing.length > 0) {
+    throw new Error(
+      `mailauth's RelaxedHash no longer has ${missing.join(', ')}: review src/mail/fast-relaxed-body.ts`,
+    );
   }
   return prototype;
 }

@@ -106,3 +106,15 @@ test("installing it replaces mailauth's method and is idempotent", () => {
   assert.notEqual(mailauthOwn, relaxedUpdate);
   assert.equal(new RelaxedHash().update, relaxedUpdate);
 });
+
+test('installing refuses a mailauth whose RelaxedHash lacks a helper our update calls', () => {
+  const prototype = RelaxedHash.prototype as Record<string, unknown>;
+  const helper = prototype.fixLineBuffer;
+  delete prototype.fixLineBuffer;
+  try {
+    assert.throws(() => installFastRelaxedBody(), /RelaxedHash no longer has fixLineBuffer/);
+  } finally {
+    prototype.fixLineBuffer = helper;
+  }
+  assert.equal(installFastRelaxedBody(), mailauthOwn);
+});
