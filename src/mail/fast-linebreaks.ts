@@ -7,19 +7,16 @@
  * from LF to LF with Buffer#indexOf: the same chunks out, in the same order, and the same `lastByte`
  * carried to the next input (test/mail/fast-linebreaks.test.ts runs both on the same inputs).
  *
- * installFastLinebreaks() puts it in place of mailauth's method, once, and refuses (throws at start-up)
- * if the method it replaces is not there, so a mailauth upgrade that moves it fails loudly rather than
- * silently keeping the slow path or patching the wrong thing.
+ * installFastLinebreaks() puts it in place of mailauth's method (mailauth-patch.ts), and refuses at
+ * start-up if that method is not there.
  */
-import { createRequire } from 'node:module';
+import { replaceMailauthMethod } from './mailauth-patch.ts';
 
 interface ParserState {
   lastByte?: number;
 }
 
 type Linebreaks = (this: ParserState, input: Buffer) => Generator<Buffer>;
-
-const require = createRequire(import.meta.url);
 
 export function* linebreakChunks(this: ParserState, input: Buffer): Generator<Buffer> {
   let pos = 0;
@@ -34,30 +31,13 @@ export function* linebreakChunks(this: ParserState, input: Buffer): Generator<Bu
   else if (pos < input.length) yield input.subarray(pos);
 }
 
-interface ParserPrototype {
-  ensureLinebreaks: Linebreaks;
-}
-
-/** mailauth's MessageParser prototype, checked to still have the method we replace. */
-function mailauthParserPrototype(): ParserPrototype {
-  const module = require('mailauth/lib/dkim/message-parser.js') as {
-    MessageParser?: { prototype: ParserPrototype };
-  };
-  const prototype = module.MessageParser?.prototype;
-  if (typeof prototype?.ensureLinebreaks !== 'function') {
-    throw new Error(
-      'mailauth no longer has MessageParser#ensureLinebreaks: review src/mail/fast-linebreaks.ts',
-    );
-  }
-  return prototype;
-}
-
-let original: Linebreaks | undefined;
-
 /** Replaces mailauth's ensureLinebreaks; returns the method it replaced. Idempotent. */
 export function installFastLinebreaks(): Linebreaks {
-  const prototype = mailauthParserPrototype();
-  original ??= prototype.ensureLinebreaks;
-  prototype.ensureLinebreaks = linebreakChunks;
-  return original;
+  return replaceMailauthMethod<Linebreaks>({
+    module: 'mailauth/lib/dkim/message-parser.js',
+    className: 'MessageParser',
+    method: 'ensureLinebreaks',
+    replacement: linebreakChunks,
+    by: 'src/mail/fast-linebreaks.ts',
+  });
 }

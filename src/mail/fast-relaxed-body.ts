@@ -11,11 +11,10 @@
  * same order, and leaves the same remainder for the next chunk (test/mail/fast-relaxed-body.test.ts
  * runs both on the same inputs and compares every call).
  *
- * installFastRelaxedBody() puts it in place of mailauth's method, once, and refuses (throws at start-up)
- * if the method it replaces, or a helper it calls, is not there, as fast-linebreaks.ts does: a mailauth
- * upgrade that renames them fails loudly at start-up, not on the first signed message.
+ * installFastRelaxedBody() puts it in place of mailauth's method (mailauth-patch.ts), and refuses at
+ * start-up if that method or one of the helpers it calls is not there.
  */
-import { createRequire } from 'node:module';
+import { replaceMailauthMethod } from './mailauth-patch.ts';
 
 /** The part of mailauth's RelaxedHash that update() reads and calls. */
 export interface RelaxedHashState {
@@ -35,8 +34,6 @@ const SPACE = 0x20;
 const TAB = 0x09;
 const TWO_SPACES = Buffer.from('  ');
 const CRLF = Buffer.from('\r\n');
-
-const require = createRequire(import.meta.url);
 
 export function relaxedUpdate(this: RelaxedHashState, input: Buffer | null, final?: boolean): void {
   this.byteLength += input?.length || 0;
@@ -95,34 +92,14 @@ export function relaxedUpdate(this: RelaxedHashState, input: Buffer | null, fina
   }
 }
 
-interface RelaxedPrototype {
-  update: Update;
-}
-
-/** What relaxedUpdate calls on mailauth's RelaxedHash, besides the method it replaces. */
-const HELPERS = ['_pushBodyHash', '_updateBodyHash', 'fixLineBuffer'] as const;
-
-/** mailauth's RelaxedHash prototype, checked to still have the method we replace and the ones we call. */
-function mailauthRelaxedPrototype(): RelaxedPrototype {
-  const module = require('mailauth/lib/dkim/body/relaxed.js') as {
-    RelaxedHash?: { prototype: RelaxedPrototype & Record<string, unknown> };
-  };
-  const prototype = module.RelaxedHash?.prototype;
-  const missing = ['update', ...HELPERS].filter((name) => typeof prototype?.[name] !== 'function');
-  if (!prototype || missing.length > 0) {
-    throw new Error(
-      `mailauth's RelaxedHash no longer has ${missing.join(', ')}: review src/mail/fast-relaxed-body.ts`,
-    );
-  }
-  return prototype;
-}
-
-let original: Update | undefined;
-
 /** Replaces mailauth's RelaxedHash#update; returns the method it replaced. Idempotent. */
 export function installFastRelaxedBody(): Update {
-  const prototype = mailauthRelaxedPrototype();
-  original ??= prototype.update;
-  prototype.update = relaxedUpdate;
-  return original;
+  return replaceMailauthMethod<Update>({
+    module: 'mailauth/lib/dkim/body/relaxed.js',
+    className: 'RelaxedHash',
+    method: 'update',
+    replacement: relaxedUpdate,
+    calls: ['_pushBodyHash', '_updateBodyHash', 'fixLineBuffer'],
+    by: 'src/mail/fast-relaxed-body.ts',
+  });
 }
