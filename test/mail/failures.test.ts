@@ -146,7 +146,7 @@ test('milter down: MAIL FROM gets 451 4.7.1 Service unavailable - try again late
   assert.ok(await s.postfix.queueEmpty());
 });
 
-test('milter gone in the middle of a transaction: end of data gets 451 4.7.1 Service unavailable - try again later, and nothing is queued', async () => {
+test('milter gone in the middle of a transaction: DATA gets 451 4.7.1 Service unavailable - try again later (Postfix waits for the milter\'s reply to DATA), and nothing is queued', async () => {
   const inbox = await s.provision();
   const client = await openTransaction(inbox.address);
   let replies: Reply[];
@@ -163,7 +163,7 @@ test('milter gone in the middle of a transaction: end of data gets 451 4.7.1 Ser
   }
   assert.deepEqual(
     replies.map((r) => r.text),
-    ['354 End data with <CR><LF>.<CR><LF>', MILTER_DOWN],
+    [MILTER_DOWN],
   );
   await assertUntouched(inbox);
   assert.ok(await s.postfix.queueEmpty());

@@ -213,10 +213,10 @@ describe('reply encoding', () => {
 });
 
 describe('negotiation', () => {
-  test("Postfix 3.7's offer gets version 6, ADDHDRS|CHGHDRS, HDR_LEADSPC and no-reply for ignored events", () => {
+  test("Postfix 3.7's offer gets version 6, ADDHDRS|CHGHDRS, HDR_LEADSPC and no-reply for ignored events but DATA", () => {
     assert.deepEqual(negotiate({ version: 6, actions: 0x1ff, protocol: 0x1fffff }), {
       ok: true,
-      reply: { version: 6, actions: 0x11, protocol: 0x1bf080 },
+      reply: { version: 6, actions: 0x11, protocol: 0x1af080 },
     });
   });
 

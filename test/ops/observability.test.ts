@@ -124,6 +124,7 @@ before(async () => {
   await envelope(mta, '<someone@sender.test>', [`<${address}>`]);
   mta.macros('T', { i: 'OPSQUEUE1' });
   mta.data();
+  assert.equal(show(await mta.read()), 'c');
   const [head = '', body = ''] = MESSAGE.split('\r\n\r\n');
   for (const field of head.split('\r\n')) {
     const colon = field.indexOf(':');

@@ -236,6 +236,7 @@ test('milter: an end-of-message verdict in flight at SIGTERM is sent, then the c
   await envelope(mta, '<someone@sender.test>', [rcpt]);
   mta.macros('T', { i: 'OPSM1' });
   mta.data();
+  assert.equal(show(await mta.read()), 'c');
   mta.macros('L', { i: 'OPSM1' });
   mta.header('From', ' someone@sender.test');
   mta.macros('N', { i: 'OPSM1' });
