@@ -1,9 +1,9 @@
 /**
  * null-daemons - a policy server and a milter that decide nothing, for mail-bench's ceiling run: the
- * same Postfix configuration as ours (policy checks at CONNECT and RCPT, a milter with the same
- * negotiated events and one inserted header), delivering to the null LMTP sink. What that run loses
- * against the bare sink is the cost of Postfix's own side of the hooks, which no work in our daemons
- * can win back; what ours loses beyond it is ours.
+ * same Postfix configuration as ours (policy checks at RCPT, and at CONNECT for clients without a
+ * verified name; a milter with the same negotiated events and one inserted header), delivering to the
+ * null LMTP sink. What that run loses against the bare sink is the cost of Postfix's own side of the
+ * hooks, which no work in our daemons can win back; what ours loses beyond it is ours.
  *
  * Both use the production codecs (framing, negotiation), so Postfix sees the same conversation shape;
  * neither looks anything up.

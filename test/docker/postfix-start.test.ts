@@ -66,7 +66,9 @@ describe('docker/start/postfix.sh', () => {
     const policy =
       'check_policy_service { inet:policy:10040, { default_action = 451 4.3.5 Server configuration problem } }';
     for (const line of [
-      `smtpd_client_restrictions = ${policy}`,
+      'smtpd_restriction_classes = inbox_unnamed_client',
+      `inbox_unnamed_client = ${policy}`,
+      'smtpd_client_restrictions = check_client_access inline:{unknown=inbox_unnamed_client}',
       `smtpd_recipient_restrictions = ${policy}`,
       'smtpd_milters = inet:milter:10041',
       'virtual_transport = lmtp:inet:lmtp:10042',
@@ -137,23 +139,32 @@ describe('docker/start/postfix.sh', () => {
   test('runs the master in the foreground; the health check follows it', async () => {
     const dirs = instanceDirs('run');
     const port = await freePort();
-    // Nothing listens at the policy address (a loopback port, so no DNS lookup can stall the test).
+    // Nothing listens at the policy and milter addresses (loopback ports, so no DNS lookup can stall
+    // the test).
     const closed = `127.0.0.1:${await freePort()}`;
+    const closedMilter = `127.0.0.1:${await freePort()}`;
     const env = {
       ...postfixEnvironment,
       ...dirs,
       SMTP_HOST: '127.0.0.1',
       SMTP_PORT: String(port),
       POLICY_PORT: closed,
+      MILTER_PORT: closedMilter,
     };
     const health = () =>
       script('postfix-health.sh', [], { POSTFIX_CONFIG_DIRECTORY: dirs.POSTFIX_CONFIG_DIRECTORY });
     const child = spawn(join(START, 'postfix.sh'), [], { env: { PATH, ...env }, stdio: 'ignore' });
     const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
     try {
-      const greeting = await smtpGreeting(port, 15_000);
-      // No policy daemon answers: Postfix applies its default action at connect, never an unchecked 220.
-      assert.match(greeting, /^451 4\.3\.5 .*Server configuration problem/);
+      const [greeting, ehlo, mail] = await smtpReplies(port, 15_000, [
+        'EHLO client.test',
+        'MAIL FROM:<a@b.test>',
+      ]);
+      // 127.0.0.1 has a verified name (localhost), so Postfix asks the policy service nothing at connect.
+      assert.match(greeting ?? '', /^220 /);
+      assert.match(ehlo ?? '', /^250 /);
+      // No milter answers: Postfix applies milter_default_action, never an unchecked 250.
+      assert.match(mail ?? '', /^451 4\.7\.1 /);
       assert.equal((await health()).code, 0, 'healthy while the master runs');
     } finally {
       await new Promise((resolve) =>
@@ -167,22 +178,32 @@ describe('docker/start/postfix.sh', () => {
   });
 });
 
-/** The first complete reply line on host 127.0.0.1:port, retrying until the listener is up. */
-async function smtpGreeting(port: number, timeoutMs: number): Promise<string> {
+/**
+ * The last line of each reply on host 127.0.0.1:port (the greeting, then one per command, sent one at
+ * a time), retrying the connection until the listener is up.
+ */
+async function smtpReplies(port: number, timeoutMs: number, commands: string[]): Promise<string[]> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {
-      return await new Promise<string>((resolve, reject) => {
+      return await new Promise<string[]>((resolve, reject) => {
         const socket = connect({ host: '127.0.0.1', port });
+        const replies: string[] = [];
         let text = '';
         socket.setEncoding('latin1');
-        socket.setTimeout(5000, () => socket.destroy(new Error('no greeting')));
+        socket.setTimeout(5000, () => socket.destroy(new Error('no reply')));
         socket.on('data', (chunk: string) => {
           text += chunk;
-          const line = /^\d{3} .*$/m.exec(text);
-          if (line) {
-            socket.destroy();
-            resolve(line[0].trimEnd());
+          for (let line = /^\d{3} .*\r?\n/m.exec(text); line; line = /^\d{3} .*\r?\n/m.exec(text)) {
+            replies.push(line[0].trimEnd());
+            text = text.slice(line.index + line[0].length);
+            const next = commands[replies.length - 1];
+            if (next === undefined) {
+              socket.destroy();
+              resolve(replies);
+              return;
+            }
+            socket.write(`${next}\r\n`);
           }
         });
         socket.on('error', reject);

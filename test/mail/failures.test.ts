@@ -74,8 +74,9 @@ async function assertUntouched(inbox: ProvisionedInbox): Promise<void> {
   assert.deepEqual([p.messages.length, p.rejections.length], [0, 0]);
 }
 
+/** From 127.0.0.5, whose PTR names a host without an A record: Postfix has no verified name for it. */
 const POLICY_DOWN_AT_CONNECT =
-  '451 4.3.5 <mail.sender.test[127.0.0.3]>: Client host rejected: Server configuration problem';
+  '451 4.3.5 <unknown[127.0.0.5]>: Client host rejected: Server configuration problem';
 const MILTER_DOWN = '451 4.7.1 Service unavailable - try again later';
 
 /** A session from 127.0.0.3 brought up to an accepted RCPT. */
@@ -89,18 +90,27 @@ async function openTransaction(to: string): Promise<SmtpClient> {
   return client;
 }
 
-test('policy daemon down: the connecting sender gets 451 4.3.5 (Postfix default_action), never a 5xx, and nothing is recorded', async () => {
+test('policy daemon down: 451 4.3.5 (Postfix default_action), never a 5xx, at CONNECT for a client without a verified name, at RCPT for a named one, and nothing is recorded', async () => {
   const inbox = await s.provision();
   await s.stopDaemon('policy');
-  let r: TransactionReplies;
+  let unnamed: TransactionReplies;
+  let named: TransactionReplies;
   try {
-    r = await s.send({ to: [inbox.address], message: plainMessage({ to: inbox.address }) });
+    const message = plainMessage({ to: inbox.address });
+    unnamed = await s.send({ to: [inbox.address], message, localAddress: '127.0.0.5' });
+    named = await s.send({ to: [inbox.address], message });
   } finally {
     await s.startDaemon('policy');
   }
   // smtpd_delay_reject = no: the CONNECT-stage policy query fails first, so the greeting carries it.
-  assert.equal(r.greeting.text, POLICY_DOWN_AT_CONNECT);
-  assert.equal(r.mail, undefined);
+  assert.equal(unnamed.greeting.text, POLICY_DOWN_AT_CONNECT);
+  assert.equal(unnamed.mail, undefined);
+  // A client with a verified name is asked about only at RCPT (postfix/README.md: check_client_access).
+  assert.equal(named.greeting.code, 220);
+  assert.deepEqual(
+    named.rcpt.map((r) => r.text),
+    [`451 4.3.5 <${inbox.address}>: Recipient address rejected: Server configuration problem`],
+  );
   await assertUntouched(inbox);
   assert.ok(await s.postfix.queueEmpty());
 });
@@ -146,7 +156,7 @@ test('milter down: MAIL FROM gets 451 4.7.1 Service unavailable - try again late
   assert.ok(await s.postfix.queueEmpty());
 });
 
-test('milter gone in the middle of a transaction: DATA gets 451 4.7.1 Service unavailable - try again later (Postfix waits for the milter\'s reply to DATA), and nothing is queued', async () => {
+test("milter gone in the middle of a transaction: DATA gets 451 4.7.1 Service unavailable - try again later (Postfix waits for the milter's reply to DATA), and nothing is queued", async () => {
   const inbox = await s.provision();
   const client = await openTransaction(inbox.address);
   let replies: Reply[];

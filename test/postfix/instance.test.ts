@@ -281,9 +281,10 @@ describe('the receiving MX over TCP', { timeout: 60_000 }, () => {
     assert.match(delivery.data, /^X-Milter-Stand-In: seen\r$/m);
     assert.ok(mx.seen.milterIds.includes(queueId), 'the milter saw {i} = the queue id, with the DATA macros');
     const fromClient = mx.seen.policy.filter((r) => r.client_address === CLIENTS.good);
+    // A client with a verified name is not asked about at CONNECT (check_client_access, postfix/README.md).
     assert.deepEqual(
       fromClient.map((r) => r.protocol_state),
-      ['CONNECT', 'RCPT'],
+      ['RCPT'],
     );
     assert.equal(fromClient[0]?.client_name, 'mail.sender.test', 'PTR and A record from dnsmasq');
     await until('an empty queue', () => mx.postfix.queueEmpty());
@@ -368,15 +369,20 @@ describe('the receiving MX over unix sockets', { timeout: 60_000 }, () => {
     assert.match(sent.output, /<\*\* +451 4\.7\.1 Service unavailable - try again later/);
   });
 
-  test('without the policy server, the greeting is a temporary 451 4.3.5', async () => {
+  test('without the policy server, a client without a verified name gets a temporary 451 4.3.5 greeting, a named one is greeted', async () => {
     await mx.policy.close();
-    const sent = await send(mx.config.smtpPort, 'box@svc.test', {
-      client: CLIENTS.good,
+    const unnamed = await send(mx.config.smtpPort, 'box@svc.test', {
+      client: CLIENTS.unconfirmedPtr,
       quitAfter: 'CONNECT',
     });
     assert.match(
-      sent.output,
-      /<\*\* +451 4\.3\.5 <mail\.sender\.test\[127\.0\.0\.3\]>: Client host rejected: Server configuration problem/,
+      unnamed.output,
+      /<\*\* +451 4\.3\.5 <unknown\[127\.0\.0\.5\]>: Client host rejected: Server configuration problem/,
     );
+    // A named client is greeted; what follows meets the milter closed by the test above (451 4.7.1 at
+    // MAIL). test/mail/failures.test.ts has its RCPT refused with the policy daemon down.
+    const named = await send(mx.config.smtpPort, 'box@svc.test', { client: CLIENTS.good });
+    assert.match(named.output, /<- +220 /);
+    assert.doesNotMatch(named.output, /Client host rejected/);
   });
 });
