@@ -105,11 +105,15 @@ export class MilterConnection {
     );
   }
 
-  /** Ends our side; reads on (ignoring data) to see the peer's FIN, so 'close' follows. */
+  /**
+   * Flushes what we wrote, then closes both ways. Not end() alone: Postfix reads its milter socket only
+   * when it next has an event to send, so it would not answer our FIN until then, and close() would
+   * wait the whole grace for an idle session's connection (Postfix then sees end of file, and the
+   * session gets milter_default_action).
+   */
   #hangUp(): void {
     this.#hungUp = true;
-    this.#socket.end();
-    this.#socket.resume();
+    this.#socket.destroySoon();
   }
 
   #write(reply: Buffer): void {

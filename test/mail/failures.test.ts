@@ -161,7 +161,7 @@ test("milter gone in the middle of a transaction: DATA gets 451 4.7.1 Service un
   const client = await openTransaction(inbox.address);
   let replies: Reply[];
   try {
-    await s.stopDaemon('milter'); // cuts the session's milter connection after its grace
+    await s.stopDaemon('milter'); // ends the session's milter connection at once: no transaction there yet
     try {
       const { start, end } = await client.data(plainMessage({ to: inbox.address }));
       replies = end ? [start, end] : [start];

@@ -21,7 +21,7 @@ export function packet(command: string, ...parts: (Buffer | string)[]): Buffer {
   return Buffer.concat([head, data]);
 }
 
-const u32 = (n: number): Buffer => {
+export const u32 = (n: number): Buffer => {
   const b = Buffer.alloc(4);
   b.writeUInt32BE(n);
   return b;

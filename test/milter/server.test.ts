@@ -12,7 +12,7 @@ import { after, before, describe, test } from 'node:test';
 import { ACCEPT } from '../../src/core/verdict.ts';
 import { startMilterServer } from '../../src/milter/server.ts';
 import { FakeHandler, sleep, startFake } from './fake-handler.ts';
-import { envelope, MtaClient, show } from './mta-client.ts';
+import { envelope, MtaClient, packet, show, u32 } from './mta-client.ts';
 
 let dir: string;
 before(async () => {
@@ -77,6 +77,22 @@ describe('close()', () => {
     await milter.close();
     await mta.closed;
     assert.ok(Date.now() - began < 1000, `took ${Date.now() - began} ms`);
+  });
+
+  test('an idle connection whose MTA never hangs up (as Postfix, until its next event) does not hold close() for the grace', async () => {
+    const { milter } = await startFake();
+    const [, port] = /^inet:127\.0\.0\.1:(\d+)$/.exec(milter.address) ?? [];
+    const socket = net.connect({ port: Number(port), host: '127.0.0.1', allowHalfOpen: true });
+    await new Promise((resolve) => socket.once('connect', resolve));
+    const negotiated = new Promise((resolve) => socket.once('data', resolve));
+    socket.write(packet('O', u32(6), u32(0x1ff), u32(0x1fffff)));
+    await negotiated;
+    const ended = new Promise((resolve) => socket.once('end', resolve));
+    const began = Date.now();
+    await milter.close(); // the fake's grace is CLOSE_GRACE_MS, 5 s
+    assert.ok(Date.now() - began < 1000, `took ${Date.now() - began} ms`);
+    await ended; // the MTA sees end of file when it next reads
+    socket.destroy();
   });
 
   test('a transaction in progress gets its verdict, then the connection ends', async () => {
