@@ -9,13 +9,13 @@ import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
 import { readdirSync } from 'node:fs';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { findPostfix } from '../../src/postfix/instance.ts';
 import { freePort } from '../support/sender-postfix.ts';
+import { type Reply, SmtpClient } from '../support/smtp-client.ts';
 import { containerEnvironment, loadCompose, REQUIRED_VALUES } from './compose-file.ts';
 import { PATH, START, script } from './start-script.ts';
 
@@ -156,15 +156,15 @@ describe('docker/start/postfix.sh', () => {
     const child = spawn(join(START, 'postfix.sh'), [], { env: { PATH, ...env }, stdio: 'ignore' });
     const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
     try {
-      const [greeting, ehlo, mail] = await smtpReplies(port, 15_000, [
-        'EHLO client.test',
-        'MAIL FROM:<a@b.test>',
-      ]);
+      const { client, greeting } = await openWhenListening(port, 15_000);
+      const ehlo = await client.command('EHLO client.test');
+      const mail = await client.command('MAIL FROM:<a@b.test>');
+      client.close();
       // 127.0.0.1 has a verified name (localhost), so Postfix asks the policy service nothing at connect.
-      assert.match(greeting ?? '', /^220 /);
-      assert.match(ehlo ?? '', /^250 /);
+      assert.match(greeting.text, /^220 /);
+      assert.equal(ehlo.code, 250);
       // No milter answers: Postfix applies milter_default_action, never an unchecked 250.
-      assert.match(mail ?? '', /^451 4\.7\.1 /);
+      assert.match(mail.text, /^451 4\.7\.1 /);
       assert.equal((await health()).code, 0, 'healthy while the master runs');
     } finally {
       await new Promise((resolve) =>
@@ -178,37 +178,15 @@ describe('docker/start/postfix.sh', () => {
   });
 });
 
-/**
- * The last line of each reply on host 127.0.0.1:port (the greeting, then one per command, sent one at
- * a time), retrying the connection until the listener is up.
- */
-async function smtpReplies(port: number, timeoutMs: number, commands: string[]): Promise<string[]> {
+/** An SMTP session on 127.0.0.1:port with its greeting, retrying until the listener is up. */
+async function openWhenListening(
+  port: number,
+  timeoutMs: number,
+): Promise<{ client: SmtpClient; greeting: Reply }> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {
-      return await new Promise<string[]>((resolve, reject) => {
-        const socket = connect({ host: '127.0.0.1', port });
-        const replies: string[] = [];
-        let text = '';
-        socket.setEncoding('latin1');
-        socket.setTimeout(5000, () => socket.destroy(new Error('no reply')));
-        socket.on('data', (chunk: string) => {
-          text += chunk;
-          for (let line = /^\d{3} .*\r?\n/m.exec(text); line; line = /^\d{3} .*\r?\n/m.exec(text)) {
-            replies.push(line[0].trimEnd());
-            text = text.slice(line.index + line[0].length);
-            const next = commands[replies.length - 1];
-            if (next === undefined) {
-              socket.destroy();
-              resolve(replies);
-              return;
-            }
-            socket.write(`${next}\r\n`);
-          }
-        });
-        socket.on('error', reject);
-        socket.on('close', () => reject(new Error(`closed: ${text}`)));
-      });
+      return await SmtpClient.open(port);
     } catch (error) {
       if (Date.now() > deadline) throw error;
       await sleep(100);

@@ -16,6 +16,7 @@ import { after, before, test } from 'node:test';
 import pg from 'pg';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { ADMIN_URL } from '../support/database.ts';
+import { CLIENTS } from '../support/dns-zone.ts';
 import { MAIL_DOMAIN, type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
 import { type Reply, SmtpClient, type TransactionReplies } from '../support/smtp-client.ts';
 
@@ -97,7 +98,7 @@ test('policy daemon down: 451 4.3.5 (Postfix default_action), never a 5xx, at CO
   let named: TransactionReplies;
   try {
     const message = plainMessage({ to: inbox.address });
-    unnamed = await s.send({ to: [inbox.address], message, localAddress: '127.0.0.5' });
+    unnamed = await s.send({ to: [inbox.address], message, localAddress: CLIENTS.unconfirmedPtr });
     named = await s.send({ to: [inbox.address], message });
   } finally {
     await s.startDaemon('policy');

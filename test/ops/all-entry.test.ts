@@ -4,14 +4,13 @@
  * mail is not refused); on SIGTERM Postfix stops first, the process exits 0 and nothing listens.
  */
 import assert from 'node:assert/strict';
-import { once } from 'node:events';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { freshDatabase, type TestDatabase } from '../support/database.ts';
 import { freePorts } from '../support/sender-postfix.ts';
+import { SmtpClient } from '../support/smtp-client.ts';
 import { type DaemonProcess, daemonEnv, refusedSoon, startDaemon } from './daemon-process.ts';
 
 let database: TestDatabase;
@@ -29,13 +28,11 @@ after(async () => {
   await rm(runDir, { recursive: true, force: true });
 });
 
-/** The first line the SMTP server sends on a new connection. */
+/** The greeting the SMTP server sends on a new connection. */
 async function greeting(port: number): Promise<string> {
-  const socket = net.connect(port, '127.0.0.1');
-  socket.setEncoding('latin1');
-  const [text] = (await once(socket, 'data')) as [string];
-  socket.destroy();
-  return text.split('\r\n')[0] as string;
+  const { client, greeting } = await SmtpClient.open(port);
+  client.close();
+  return greeting.text;
 }
 
 test('all: SMTP greets before the API listens; SIGTERM stops Postfix first and exits 0', {
