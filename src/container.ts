@@ -27,9 +27,11 @@ import { Health } from './ops/health.ts';
 import { Metrics, type VerdictLabel } from './ops/metrics.ts';
 import { Database } from './storage/database.ts';
 import { PgGatekeeper } from './storage/gatekeeper.ts';
+import { InboxChangeFeed } from './storage/inbox-changes.ts';
 import { PgInboxStore } from './storage/inbox-store.ts';
 import { PgMessageStore } from './storage/message-store.ts';
 import { PgOptOutStore } from './storage/opt-out-store.ts';
+import { PgRecipientLookup } from './storage/recipient-lookup.ts';
 import { PgSweeperStore } from './storage/sweeper-store.ts';
 
 export const TOKENS = {
@@ -38,6 +40,8 @@ export const TOKENS = {
   Log: Symbol('Log'),
   Database: Symbol('Database'),
   InboxStore: Symbol('InboxStore'),
+  RecipientLookup: Symbol('RecipientLookup'),
+  InboxChangeFeed: Symbol('InboxChangeFeed'),
   MessageStore: Symbol('MessageStore'),
   OptOutStore: Symbol('OptOutStore'),
   Gatekeeper: Symbol('Gatekeeper'),
@@ -91,6 +95,18 @@ export function buildContainer(
   single(TOKENS.Health, () => new Health(() => get<Database>(TOKENS.Database).ping(), get(TOKENS.Log)));
   single(TOKENS.InboxStore, () => new PgInboxStore(get(TOKENS.Database)));
   single(TOKENS.MessageStore, () => new PgMessageStore(get(TOKENS.Database)));
+  single(TOKENS.RecipientLookup, () => new PgRecipientLookup(get(TOKENS.Database)));
+  // Started by the policy daemon (daemons/policy.ts); until then the lookup keeps nothing.
+  single(
+    TOKENS.InboxChangeFeed,
+    () =>
+      new InboxChangeFeed(
+        config.databaseUrl,
+        get(TOKENS.Database),
+        get<PgRecipientLookup>(TOKENS.RecipientLookup),
+        get(TOKENS.Log),
+      ),
+  );
   single(TOKENS.OptOutStore, () => new PgOptOutStore(get(TOKENS.Database)));
   single(
     TOKENS.Gatekeeper,
@@ -152,6 +168,7 @@ export function buildContainer(
     () =>
       new RecipientAdmission(
         get(TOKENS.InboxStore),
+        get(TOKENS.RecipientLookup),
         get(TOKENS.MessageStore),
         get(TOKENS.ReverseDns),
         get(TOKENS.Clock),

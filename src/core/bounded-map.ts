@@ -1,6 +1,7 @@
 /**
  * bounded-map - a Map that holds at most `max` entries, dropping the oldest-set one first. The
- * per-process caches (poll-cache.ts, usage-cache.ts) keep their memory bounded with it.
+ * per-process caches (poll-cache.ts, usage-cache.ts, storage/recipient-lookup.ts) keep their memory
+ * bounded with it.
  */
 export class BoundedMap<K, V> {
   readonly #entries = new Map<K, V>();
@@ -16,6 +17,10 @@ export class BoundedMap<K, V> {
 
   delete(key: K): void {
     this.#entries.delete(key);
+  }
+
+  clear(): void {
+    this.#entries.clear();
   }
 
   set(key: K, value: V): void {

@@ -3,14 +3,13 @@
  * checks the policy daemon makes at RCPT and the milter makes again at end of data.
  */
 import { isExpired, isPurged, type LifecycleSettings } from './lifecycle.ts';
-import type { InboxRecord } from './model.ts';
-import type { DeliveryTarget } from './ports.ts';
+import type { InboxSettings } from './model.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
 import type { Refusal } from './verdict.ts';
 
 /** The refusal for an inbox that takes no mail, or null for a live one. A purged inbox is "no such inbox". */
 export function closedInbox(
-  inbox: InboxRecord | undefined,
+  inbox: InboxSettings | undefined,
   now: Date,
   replies: SmtpReplies,
   lifecycle: LifecycleSettings,
@@ -21,5 +20,5 @@ export function closedInbox(
   return null;
 }
 
-export const freeBytes = (target: DeliveryTarget): number =>
+export const freeBytes = (target: { inbox: InboxSettings; usedBytes: number }): number =>
   Math.max(0, target.inbox.quotaBytes - target.usedBytes);

@@ -14,18 +14,22 @@ export interface LifecycleSettings {
 const ms = (seconds: number): number => seconds * 1000;
 
 /** Purged inboxes answer as if they never existed (401 over HTTP, `no such inbox` over SMTP). */
-export function isPurged(inbox: InboxRecord, now: Date, settings: LifecycleSettings): boolean {
+export function isPurged(
+  inbox: Pick<InboxRecord, 'expiresAt' | 'cancelledAt'>,
+  now: Date,
+  settings: LifecycleSettings,
+): boolean {
   const end = inbox.cancelledAt
     ? inbox.expiresAt.getTime()
     : inbox.expiresAt.getTime() + ms(settings.purgeAfterSeconds);
   return now.getTime() >= end;
 }
 
-export const isExpired = (inbox: InboxRecord, now: Date): boolean =>
+export const isExpired = (inbox: Pick<InboxRecord, 'expiresAt'>, now: Date): boolean =>
   now.getTime() >= inbox.expiresAt.getTime();
 
 /** The instant the inbox's counts are taken at: now while live, expires_at once expired ("final counts"). */
-export const usageInstant = (inbox: InboxRecord, now: Date): Date =>
+export const usageInstant = (inbox: Pick<InboxRecord, 'expiresAt'>, now: Date): Date =>
   isExpired(inbox, now) ? inbox.expiresAt : now;
 
 export type MessageFate =

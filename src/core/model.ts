@@ -20,6 +20,16 @@ export interface InboxRecord {
   version: number;
 }
 
+/**
+ * What decides whether an inbox takes mail, usage aside. Changes only with an extend, a sender-domains
+ * update, a cancel or a purge, and each is announced (migrations/20261129000000_inbox_change_notify.ts),
+ * so the policy daemon may keep it (storage/recipient-lookup.ts).
+ */
+export type InboxSettings = Pick<
+  InboxRecord,
+  'inboxId' | 'createdAt' | 'expiresAt' | 'quotaBytes' | 'senderDomains' | 'cancelledAt'
+>;
+
 export interface Caller {
   role: Role;
   inbox: InboxRecord;

@@ -12,6 +12,7 @@ import type {
   Caller,
   InboxEvent,
   InboxRecord,
+  InboxSettings,
   MessageRecord,
   RejectionReason,
   Role,
@@ -83,6 +84,20 @@ export interface InboxStore {
   ): Promise<{ inboxes: Map<string, InboxRecord>; optedOut: string[] }>;
   /** Marks the inbox cancelled and deletes its messages; returns false for an unknown inbox. */
   cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined>;
+}
+
+/** The recipient's inbox as RCPT reads it first (no usage), and which of the names asked are opted out. */
+export interface RecipientTarget {
+  inbox: InboxSettings;
+  optedOut: string[];
+}
+
+export interface RecipientLookup {
+  /**
+   * Reads only; an inbox that does not exist (or was purged) is undefined. May answer from what this
+   * process read before, kept exact by PostgreSQL's change announcements (storage/recipient-lookup.ts).
+   */
+  find(inboxId: string, senderDomains: string[]): Promise<RecipientTarget | undefined>;
 }
 
 export interface DeliveryTarget {

@@ -17,8 +17,9 @@ import { addSeconds, type Clock } from './clock.ts';
 import { closedInbox, freeBytes } from './inbox-gate.ts';
 import type { LifecycleSettings } from './lifecycle.ts';
 import { domainOf, inboxIdOf } from './mail-address.ts';
+import type { InboxSettings } from './model.ts';
 import { OptOuts } from './opt-outs.ts';
-import type { DeliveryTarget, InboxStore, MessageStore, ReverseDns } from './ports.ts';
+import type { InboxStore, MessageStore, RecipientLookup, RecipientTarget, ReverseDns } from './ports.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
 import { ACCEPT, type Verdict } from './verdict.ts';
 
@@ -45,11 +46,13 @@ export interface RecipientSettings extends LifecycleSettings {
 interface Member {
   inboxId: string;
   senderDomains: string;
-  freeBytes: number;
+  /** Null until a decision needed it (see #sameVerdict). */
+  freeBytes: number | null;
 }
 
 export class RecipientAdmission {
   readonly #inboxes: InboxStore;
+  readonly #lookup: RecipientLookup;
   readonly #messages: MessageStore;
   readonly #dns: ReverseDns;
   readonly #clock: Clock;
@@ -58,6 +61,7 @@ export class RecipientAdmission {
 
   constructor(
     inboxes: InboxStore,
+    lookup: RecipientLookup,
     messages: MessageStore,
     dns: ReverseDns,
     clock: Clock,
@@ -65,6 +69,7 @@ export class RecipientAdmission {
     settings: RecipientSettings,
   ) {
     this.#inboxes = inboxes;
+    this.#lookup = lookup;
     this.#messages = messages;
     this.#dns = dns;
     this.#clock = clock;
@@ -109,24 +114,29 @@ export class RecipientAdmission {
     const now = this.#clock.now();
     const inboxId = inboxIdOf(request.recipient, this.#settings.mailDomain);
     const senderDomain = domainOf(request.sender);
-    const target = inboxId
-      ? await this.#inboxes.findForDelivery(
-          inboxId,
-          now,
-          senderDomain ? OptOuts.namesCovering(senderDomain) : [],
-        )
-      : undefined;
+    const names = senderDomain ? OptOuts.namesCovering(senderDomain) : [];
+    const first = members[0];
+    // Usage is read, fresh, only when a decision needs it: a declared SIZE=, or a further recipient (the
+    // grouping rule compares free quota). A first recipient without SIZE= needs the inbox's settings
+    // and the opt-outs alone, which the lookup may answer from memory.
+    const withUsage = request.size > 0 || first !== undefined;
+    const target: (RecipientTarget & { usedBytes?: number }) | undefined = !inboxId
+      ? undefined
+      : withUsage
+        ? await this.#inboxes.findForDelivery(inboxId, now, names)
+        : await this.#lookup.find(inboxId, names);
     const closed = closedInbox(target?.inbox, now, this.#replies, this.#settings);
     if (closed || !target) return { verdict: closed ?? this.#replies.noSuchInbox };
 
     const optedOut = senderDomain ? OptOuts.covering(senderDomain, target.optedOut) : null;
     if (optedOut) {
-      await this.#record(target, request, 'sender_opted_out', optedOut, now);
+      await this.#record(target.inbox, request, 'sender_opted_out', optedOut, now);
       return { verdict: this.#replies.senderOptedOut };
     }
-    const free = freeBytes(target);
-    if (request.size > free) {
-      await this.#record(target, request, 'quota', null, now);
+    const { usedBytes } = target;
+    const free = usedBytes === undefined ? null : freeBytes({ inbox: target.inbox, usedBytes });
+    if (free !== null && request.size > free) {
+      await this.#record(target.inbox, request, 'quota', null, now);
       return { verdict: this.#replies.quotaExceeded };
     }
     const member: Member = {
@@ -134,22 +144,28 @@ export class RecipientAdmission {
       senderDomains: target.inbox.senderDomains.join(','),
       freeBytes: free,
     };
-    const first = members[0];
-    if (first && !this.#sameVerdict(first, member)) return { verdict: this.#replies.separateTransaction };
+    if (first && !(await this.#sameVerdict(first, member, now)))
+      return { verdict: this.#replies.separateTransaction };
     return { member };
   }
 
   /**
    * Two recipients get the same end-of-data verdict for any message when their allowlists are equal
    * and neither can run out of quota for a message of the largest size (opt-outs and DMARC are global).
+   * The first recipient's free quota is read now if its RCPT did not need it.
    */
-  #sameVerdict(a: Member, b: Member): boolean {
+  async #sameVerdict(first: Member, next: Member, now: Date): Promise<boolean> {
+    if (first.senderDomains !== next.senderDomains) return false;
+    if (first.freeBytes === null) {
+      const target = await this.#inboxes.findForDelivery(first.inboxId, now);
+      first.freeBytes = target ? freeBytes(target) : 0;
+    }
     const max = this.#settings.maxMessageBytes;
-    return a.senderDomains === b.senderDomains && a.freeBytes >= max && b.freeBytes >= max;
+    return first.freeBytes >= max && (next.freeBytes ?? 0) >= max;
   }
 
   async #record(
-    target: DeliveryTarget,
+    inbox: InboxSettings,
     request: RecipientRequest,
     reason: 'sender_opted_out' | 'quota',
     senderDomain: string | null,
@@ -157,7 +173,7 @@ export class RecipientAdmission {
   ): Promise<void> {
     await this.#messages.recordRejection(
       {
-        inboxId: target.inbox.inboxId,
+        inboxId: inbox.inboxId,
         reason,
         envelopeFrom: request.sender,
         senderDomain,

@@ -6,6 +6,8 @@
  *               RCPT: no such inbox, cancelled, expired, envelope sender opted out, declared SIZE= over
  *               the free quota, and which recipients may share a transaction (452 4.5.3 otherwise).
  * Reads/writes: reads inboxes, usage and opt-outs; records `sender_opted_out` and `quota` rejections.
+ *               Keeps what RCPT reads of an inbox (not its usage) while a second connection LISTENs for
+ *               changes (storage/inbox-changes.ts, storage/recipient-lookup.ts).
  * On failure:   logs and disconnects without a reply; Postfix retries, then answers its default action
  *               `451 4.3.5` (postfix/README.md), so an outage is a temporary failure, never a bounce.
  * On SIGTERM:   stops accepting; idle connections end at once; a decision in progress is answered, then
@@ -26,6 +28,7 @@ import type { Log } from '../log.ts';
 import type { Metrics } from '../ops/metrics.ts';
 import type { PolicyRequest } from '../policy/handler.ts';
 import { type PolicyServer, startPolicyServer } from '../policy/server.ts';
+import type { InboxChangeFeed } from '../storage/inbox-changes.ts';
 
 /** The stages Postfix asks us about (postfix/main.cf); any other is answered DUNNO and counted as `other`. */
 const STAGES: Record<string, string> = { CONNECT: 'connect', RCPT: 'rcpt' };
@@ -35,6 +38,9 @@ export async function startPolicy(container: DependencyContainer, log: Log): Pro
   const admission = container.resolve<RecipientAdmission>(TOKENS.RecipientAdmission);
   const metrics = container.resolve<Metrics>(TOKENS.Metrics);
   const replies = container.resolve<SmtpReplies>(TOKENS.SmtpReplies);
+  // What RCPT reads of an inbox is kept between requests while this feed listens (storage/recipient-lookup.ts).
+  const changes = container.resolve<InboxChangeFeed>(TOKENS.InboxChangeFeed);
+  await changes.start();
 
   const observed = async (request: PolicyRequest, decide: () => Promise<Verdict>): Promise<Verdict> => {
     const stage = STAGES[request.protocolState] ?? 'other';
@@ -65,7 +71,7 @@ export async function startPolicy(container: DependencyContainer, log: Log): Pro
     return verdict;
   };
 
-  return startPolicyServer({
+  const server = await startPolicyServer({
     listen: config.policyListen,
     log,
     closeGraceMs: config.shutdownGraceSeconds * 1000,
@@ -78,5 +84,14 @@ export async function startPolicy(container: DependencyContainer, log: Log): Pro
         };
       },
     },
+  }).catch(async (error: unknown) => {
+    await changes.close();
+    throw error;
   });
+  let closing: Promise<void> | undefined;
+  const close = () => {
+    closing ??= server.close().finally(() => changes.close());
+    return closing;
+  };
+  return { ...server, close };
 }
