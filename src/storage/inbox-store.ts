@@ -4,7 +4,7 @@
 import type { InboxRecord, Usage } from '../core/model.ts';
 import type { DeliveryTarget, InboxStore, NewInbox, ProvisionClaim, StoredProvision } from '../core/ports.ts';
 import type { Database, Queryable } from './database.ts';
-import { INBOX_COLUMNS, type InboxRow, toInbox } from './rows.ts';
+import { INBOX_COLUMNS, type InboxRow, OPTED_OUT_AMONG, toInbox } from './rows.ts';
 import { USAGE_WHERE } from './usage.ts';
 
 const USAGE_SQL = `
@@ -136,7 +136,7 @@ export class PgInboxStore implements InboxStore {
       // The counter and its overdue messages (migrations/20261125000000_held_bytes.ts), not a sum over
       // the inbox's messages: the policy daemon asks on every RCPT.
       `SELECT ${INBOX_COLUMNS}, inbox_used_bytes(i.inbox_id, i.held_bytes, $2) AS used_bytes,
-         ARRAY(SELECT o.domain FROM sender_optouts o WHERE o.domain = ANY($3)) AS opted_out
+         ${OPTED_OUT_AMONG('$3')} AS opted_out
        FROM inboxes i WHERE i.inbox_id = $1`,
       [inboxId, asOf, senderDomains],
     );
@@ -160,7 +160,7 @@ export class PgInboxStore implements InboxStore {
     const rows = await this.#db.rows<Partial<InboxRow> & { opted_out: string[] }>(
       'inboxes-with-optouts',
       `SELECT o.opted_out, ${INBOX_COLUMNS}
-       FROM (SELECT ARRAY(SELECT d.domain FROM sender_optouts d WHERE d.domain = ANY($2)) AS opted_out) o
+       FROM (SELECT ${OPTED_OUT_AMONG('$2')} AS opted_out) o
        LEFT JOIN inboxes i ON i.inbox_id = ANY($1)`,
       [inboxIds, senderDomains],
     );

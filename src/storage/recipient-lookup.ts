@@ -18,16 +18,7 @@ import type { InboxSettings } from '../core/model.ts';
 import type { RecipientLookup, RecipientTarget } from '../core/ports.ts';
 import type { Database } from './database.ts';
 import type { ChangeSubscriber } from './inbox-changes.ts';
-
-interface SettingsRow {
-  inbox_id: string;
-  created_at: Date;
-  expires_at: Date;
-  quota_bytes: number;
-  sender_domains: string[];
-  cancelled_at: Date | null;
-  opted_out: string[];
-}
+import { INBOX_SETTINGS_COLUMNS, type InboxSettingsRow, OPTED_OUT_AMONG, toInboxSettings } from './rows.ts';
 
 export class PgRecipientLookup implements RecipientLookup, ChangeSubscriber {
   readonly #db: Database;
@@ -61,25 +52,14 @@ export class PgRecipientLookup implements RecipientLookup, ChangeSubscriber {
     if (inbox && optedOut) return { inbox, optedOut };
 
     const generation = this.#generation;
-    const [row] = await this.#db.rows<SettingsRow>(
+    const [row] = await this.#db.rows<InboxSettingsRow & { opted_out: string[] }>(
       'inbox-for-recipient',
-      `SELECT i.inbox_id, i.created_at, i.expires_at, i.quota_bytes, i.sender_domains, i.cancelled_at,
-         ARRAY(SELECT o.domain FROM sender_optouts o WHERE o.domain = ANY($2)) AS opted_out
+      `SELECT ${INBOX_SETTINGS_COLUMNS}, ${OPTED_OUT_AMONG('$2')} AS opted_out
        FROM inboxes i WHERE i.inbox_id = $1`,
       [inboxId, senderDomains],
     );
     if (!row) return undefined;
-    const found: RecipientTarget = {
-      inbox: {
-        inboxId: row.inbox_id,
-        createdAt: row.created_at,
-        expiresAt: row.expires_at,
-        quotaBytes: row.quota_bytes,
-        senderDomains: row.sender_domains,
-        cancelledAt: row.cancelled_at,
-      },
-      optedOut: row.opted_out,
-    };
+    const found: RecipientTarget = { inbox: toInboxSettings(row), optedOut: row.opted_out };
     if (this.#listening && generation === this.#generation) {
       this.#inboxes.set(inboxId, found.inbox);
       for (const name of senderDomains) this.#optOuts.set(name, row.opted_out.includes(name));

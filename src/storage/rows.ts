@@ -1,30 +1,43 @@
 /**
  * rows - the column lists and row-to-record mappings shared by the stores.
  */
-import type { InboxRecord, MessageRecord } from '../core/model.ts';
+import type { InboxRecord, InboxSettings, MessageRecord } from '../core/model.ts';
 
-export const INBOX_COLUMNS =
-  'i.inbox_id, i.created_at, i.expires_at, i.quota_bytes, i.sender_domains, i.cancelled_at, i.rejection_count, i.event_seq, i.version';
+/** What decides whether an inbox takes mail, usage aside (InboxSettings; storage/recipient-lookup.ts). */
+export const INBOX_SETTINGS_COLUMNS =
+  'i.inbox_id, i.created_at, i.expires_at, i.quota_bytes, i.sender_domains, i.cancelled_at';
+export const INBOX_COLUMNS = `${INBOX_SETTINGS_COLUMNS}, i.rejection_count, i.event_seq, i.version`;
 
-export interface InboxRow {
+/** The names among the text[] parameter `names` that are in the opt-out registry, as one array column. */
+export const OPTED_OUT_AMONG = (names: string): string =>
+  `ARRAY(SELECT o.domain FROM sender_optouts o WHERE o.domain = ANY(${names}))`;
+
+export interface InboxSettingsRow {
   inbox_id: string;
   created_at: Date;
   expires_at: Date;
   quota_bytes: number;
   sender_domains: string[];
   cancelled_at: Date | null;
+}
+
+export interface InboxRow extends InboxSettingsRow {
   rejection_count: number;
   event_seq: number;
   version: number;
 }
 
-export const toInbox = (row: InboxRow): InboxRecord => ({
+export const toInboxSettings = (row: InboxSettingsRow): InboxSettings => ({
   inboxId: row.inbox_id,
   createdAt: row.created_at,
   expiresAt: row.expires_at,
   quotaBytes: row.quota_bytes,
   senderDomains: row.sender_domains,
   cancelledAt: row.cancelled_at,
+});
+
+export const toInbox = (row: InboxRow): InboxRecord => ({
+  ...toInboxSettings(row),
   rejectionCount: row.rejection_count,
   eventSeq: row.event_seq,
   version: row.version,

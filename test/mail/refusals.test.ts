@@ -184,6 +184,39 @@ test('mail to an inbox cancelled for abuse is refused at RCPT with the abuse con
   assert.deepEqual(await stored(inbox.inbox_id), { rejectionCount: 0, messageCount: 0 });
 });
 
+test('changes to an inbox that already took mail apply from the next RCPT: extended, sender opted out, cancelled', async () => {
+  // The policy daemon keeps what RCPT read of the inbox and the opt-outs (storage/recipient-lookup.ts):
+  // each change must reach it, or the next RCPT would be decided on what it kept.
+  const inbox = await s.provision();
+  const from = 'news@later-optout.test';
+  const send = () =>
+    s.send({ from, to: [inbox.address], message: plainMessage({ to: inbox.address, from }) });
+  const assertAccepted = (replies: TransactionReplies) => {
+    assert.deepEqual(
+      replies.rcpt.map((r) => r.text),
+      [RCPT_OK],
+    );
+    assert.match(replies.end?.text ?? '', /^250 2\.0\.0 Ok: queued as \w+$/);
+  };
+  assertAccepted(await send());
+
+  const extended = await s.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, {
+    token: inbox.credentials.owner,
+  });
+  assert.equal(extended.status, 200, extended.text);
+  s.clock.advance(s.config.unitSeconds); // past the first expiry, before the extended one
+  assertAccepted(await send());
+
+  await s.optOuts.add('later-optout.test', s.clock.now());
+  assertRefusedAtRcpt(await send(), [atRcpt(inbox.address, '555 5.7.1 svc.test: sender domain opted out')]);
+
+  await s.inboxes.cancel(inbox.inbox_id, s.clock.now());
+  const cancelled = await s.send({ to: [inbox.address], message: plainMessage({ to: inbox.address }) });
+  assertRefusedAtRcpt(cancelled, [
+    atRcpt(inbox.address, '555 5.7.1 svc.test: address disabled for abuse; reports: abuse@svc.test'),
+  ]);
+});
+
 test('an envelope sender whose domain opted out is refused at RCPT and recorded as sender_opted_out naming the opted-out domain', async () => {
   const inbox = await s.provision();
   const at = iso(s.clock.now());
