@@ -13,15 +13,16 @@
  * `smtp-source -s 20` (20 parallel sessions) from 127.0.0.1, one recipient per message. Each run first
  * takes a warm-up round (BENCH_WARMUP, half the count), not counted; then time runs from the first
  * connection to the last message stored (ours: counted in Postgres; the sink's: Postfix's `status=sent`
- * lines in its log). Each case runs BENCH_ROUNDS rounds (3) of the three configurations in turn; the
- * table shows medians, the ratios being the medians of each round's own ratio. A second table gives the
+ * lines in its log). Each case runs BENCH_ROUNDS rounds (4) of the three configurations in turn, in an
+ * order that alternates (ORDER below); the table shows medians, the ratios being the medians of each
+ * round's own ratio. A second table gives the
  * CPU time per message of the measured part (cpu-usage.ts, from /proc): the machine's, in every
  * configuration, and each of our three daemons' (all threads, so V8's collector helpers count). Each
  * run's line also gives the machine's context switches per message (/proc/stat ctxt).
  *
  *   node test/bench/mail-bench.ts   (BENCH_SMALL_COUNT, BENCH_LARGE_COUNT, BENCH_SESSIONS, BENCH_ROUNDS,
- *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_SOCKETS, BENCH_BY_COMMAND,
- *                                    BENCH_SPLIT)
+ *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_HOPS, BENCH_PG_SOCKET,
+ *                                    BENCH_BY_COMMAND, BENCH_SPLIT)
  *
  * A count of 0 skips that case. BENCH_BY_COMMAND=1 adds each run's CPU per message by command name
  * (postgres, smtpd, cleanup, lmtp, node, ...): where the machine's time goes beyond our three daemons.
@@ -33,8 +34,18 @@
  * (with their Postgres work: lookups, the reservation) delivering to the sink, and the null hooks
  * delivering to our LMTP receiver (storage without the milter's reservation). Which half costs what.
  *
- * BENCH_SOCKETS=1 puts the policy daemon, milter and LMTP receiver on unix sockets and Postgres on its
- * socket directory (/var/run/postgresql) instead of loopback TCP; here it made no measurable difference.
+ * BENCH_HOPS: how Postfix reaches the daemons. `tcp` (the default, as `make run` and the container stack
+ * wire them): loopback TCP; `unix`: the policy daemon, milter and LMTP receiver on unix sockets, and so
+ * are the null hooks and the sink, so that the yardstick's LMTP hop is carried as ours is. Here `unix`
+ * changed neither the rate nor our daemons' CPU per message beyond the noise. BENCH_PG_SOCKET=1 puts
+ * our PostgreSQL connections on its socket directory (/var/run/postgresql) instead of loopback TCP.
+ *
+ * ORDER: odd rounds run sink, hooks, ours; even rounds the reverse, so that no configuration always
+ * runs after the others. The runs share the machine's state: here Postfix's queue files live on an ext4
+ * without a journal, whose inode allocator skips every inode deleted in the last minutes
+ * (`recently_deleted`), and that cost anywhere between 0.06 and 0.9 ms of CPU per message from one run
+ * to the next (perf, system-wide), whichever configuration ran. An even number of rounds gives each
+ * order the same weight.
  */
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { chmod, mkdtemp, open, readFile, rm } from 'node:fs/promises';
@@ -58,12 +69,16 @@ import { waitListening } from './wait-listening.ts';
 
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 const DB_NAME = 'inbox_mail_bench';
-const SOCKETS = process.env.BENCH_SOCKETS === '1';
+/** `unix` or `tcp`: see the header. */
+const HOPS = process.env.BENCH_HOPS ?? 'tcp';
+if (HOPS !== 'unix' && HOPS !== 'tcp') throw new Error(`BENCH_HOPS must be unix or tcp (got "${HOPS}")`);
+const SOCKETS = HOPS === 'unix';
+const PG_SOCKET = process.env.BENCH_PG_SOCKET === '1';
 /** BENCH_UNCOMPRESSED=1: chunks stored uncompressed, as before migration 20261126000000 (lz4). */
 const UNCOMPRESSED = process.env.BENCH_UNCOMPRESSED === '1';
 const SESSIONS = Number(process.env.BENCH_SESSIONS ?? 20);
 /** Rounds per case; the table shows medians (each ratio is the median of the rounds' own ratios). */
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 4);
 /** The warm-up round's size, as a fraction of the measured round's. */
 const WARMUP = Number(process.env.BENCH_WARMUP ?? 0.5);
 /** BENCH_BY_COMMAND=1: also print each run's CPU ms/message by command name (postgres, smtpd, ...). */
@@ -104,7 +119,7 @@ async function main(): Promise<void> {
     await freePorts(7);
   const env: Record<string, string> = {
     ENVIRONMENT: 'dev',
-    DATABASE_URL: SOCKETS ? `postgres://postgres@/${DB_NAME}?host=/var/run/postgresql` : dbUrl.toString(),
+    DATABASE_URL: PG_SOCKET ? `postgres://postgres@/${DB_NAME}?host=/var/run/postgresql` : dbUrl.toString(),
     SECRET_KEY: 'mail-bench-secret-key-0123456789abcdef',
     MAIL_DOMAIN: 'svc.test',
     AUTHSERV_ID: 'mx.svc.test',
@@ -126,6 +141,7 @@ async function main(): Promise<void> {
   const results: string[] = [];
   const cpuResults: string[] = [];
   const splitResults: string[] = [];
+  const roundRatios: string[] = [];
   const closers: (() => void)[] = [];
   const instances: PostfixInstance[] = [];
   try {
@@ -151,21 +167,28 @@ async function main(): Promise<void> {
     );
     const daemonPids = Object.fromEntries(DAEMONS.map(({ name }, i) => [name, children[i]?.pid as number]));
     const asUser = process.getuid?.() === 0 ? ['-u', 'postfix'] : [];
-    const sink = spawn('smtp-sink', [...asUser, '-L', `127.0.0.1:${sinkPort}`, '256'], { stdio: 'ignore' });
+    // The sink, the null hooks: on the same kind of hop as ours.
+    const hop = (name: string, port: number) => (SOCKETS ? join(socketDir, `${name}.sock`) : port);
+    const sinkAt = hop('sink', sinkPort as number);
+    const sinkEndpoint = typeof sinkAt === 'string' ? `unix:${sinkAt}` : `inet:127.0.0.1:${sinkAt}`;
+    const sink = spawn('smtp-sink', [...asUser, '-L', sinkEndpoint, '256'], { stdio: 'ignore' });
     children.push(sink);
+    await waitListening('smtp-sink', sinkAt, sink);
 
     const nullPolicy = nullPolicyServer();
     const nullMilter = nullMilterServer();
-    await listenOn(nullPolicy, nullPolicyPort as number);
-    await listenOn(nullMilter, nullMilterPort as number);
+    const nullPolicyAt = hop('null-policy', nullPolicyPort as number);
+    const nullMilterAt = hop('null-milter', nullMilterPort as number);
+    await listenOn(nullPolicy, nullPolicyAt);
+    await listenOn(nullMilter, nullMilterAt);
     closers.push(
       () => nullPolicy.close(),
       () => nullMilter.close(),
     );
     const hooksConfig = loadConfig({
       ...env,
-      POLICY_PORT: String(nullPolicyPort),
-      MILTER_PORT: String(nullMilterPort),
+      POLICY_PORT: String(nullPolicyAt),
+      MILTER_PORT: String(nullMilterAt),
     }) as Config;
 
     const instance = (name: string, overrides: Record<string, string>, rendered: Config = config) =>
@@ -174,7 +197,7 @@ async function main(): Promise<void> {
         render: (dirs) => renderPostfix(rendered, dirs, overrides),
         smtp: { host: '127.0.0.1', port: smtpPort as number },
       });
-    const toSink = { virtual_transport: `lmtp:inet:127.0.0.1:${sinkPort}` };
+    const toSink = { virtual_transport: `lmtp:${sinkEndpoint}` };
     instances.push(
       instance('sink', {
         ...toSink,
@@ -211,43 +234,42 @@ async function main(): Promise<void> {
       }[] = [];
       for (let round = 1; round <= ROUNDS; round++) {
         const label = (name: string) => `${name} (round ${round})`;
+        const toInbox = { ...c, to: inbox.address };
+        const runs: Record<string, () => Promise<Measured>> = {
+          sink: () =>
+            measure(yardstick, c, async () => countSent(yardstick), label('sink'), dns.resolvConfPath),
+          hooks: () => measure(hooks, c, async () => countSent(hooks), label('hooks'), dns.resolvConfPath),
+          ourHooks: () =>
+            measure(
+              ourHooks,
+              toInbox,
+              async () => countSent(ourHooks),
+              label('our hooks, sink'),
+              dns.resolvConfPath,
+              daemonPids,
+            ),
+          ourReceiver: () =>
+            measure(
+              ourReceiver,
+              toInbox,
+              storedCount,
+              label('null hooks, our receiver'),
+              dns.resolvConfPath,
+              daemonPids,
+            ),
+          ours: () => measure(ours, toInbox, storedCount, label('ours'), dns.resolvConfPath, daemonPids),
+        };
+        // Odd rounds run the sink first and ours last, even rounds the reverse (ORDER in the header).
+        const order = ['sink', 'hooks', ...(SPLIT ? ['ourHooks', 'ourReceiver'] : []), 'ours'];
+        if (round % 2 === 0) order.reverse();
+        const measured: Record<string, Measured> = {};
+        for (const name of order) measured[name] = await (runs[name] as () => Promise<Measured>)();
+        const pick = (name: string) => measured[name] as Measured;
         rounds.push({
-          sink: await measure(
-            yardstick,
-            c,
-            async () => countSent(yardstick),
-            label('sink'),
-            dns.resolvConfPath,
-          ),
-          hooks: await measure(hooks, c, async () => countSent(hooks), label('hooks'), dns.resolvConfPath),
-          split: SPLIT
-            ? {
-                ourHooks: await measure(
-                  ourHooks,
-                  { ...c, to: inbox.address },
-                  async () => countSent(ourHooks),
-                  label('our hooks, sink'),
-                  dns.resolvConfPath,
-                  daemonPids,
-                ),
-                ourReceiver: await measure(
-                  ourReceiver,
-                  { ...c, to: inbox.address },
-                  storedCount,
-                  label('null hooks, our receiver'),
-                  dns.resolvConfPath,
-                  daemonPids,
-                ),
-              }
-            : undefined,
-          ours: await measure(
-            ours,
-            { ...c, to: inbox.address },
-            storedCount,
-            label('ours'),
-            dns.resolvConfPath,
-            daemonPids,
-          ),
+          sink: pick('sink'),
+          hooks: pick('hooks'),
+          ours: pick('ours'),
+          split: SPLIT ? { ourHooks: pick('ourHooks'), ourReceiver: pick('ourReceiver') } : undefined,
         });
       }
       const sinkRate = median(rounds.map((r) => r.sink.rate));
@@ -255,6 +277,9 @@ async function main(): Promise<void> {
       const ratio = median(rounds.map((r) => r.ours.rate / r.sink.rate));
       results.push(
         `| ${c.name} | ${c.count} | ${sinkRate.toFixed(0)} | ${median(rounds.map((r) => r.hooks.rate)).toFixed(0)} (${hooksRatio.toFixed(2)}) | ${median(rounds.map((r) => r.ours.rate)).toFixed(0)} | ${ratio.toFixed(2)} | ${c.target} | ${ratio >= c.target ? 'yes' : 'no'} |`,
+      );
+      roundRatios.push(
+        `${c.name}: ours/sink ${rounds.map((r) => (r.ours.rate / r.sink.rate).toFixed(2)).join(', ')}; hooks/sink ${rounds.map((r) => (r.hooks.rate / r.sink.rate).toFixed(2)).join(', ')}`,
       );
       const ms = (pick: (r: (typeof rounds)[number]) => number) => median(rounds.map(pick)).toFixed(2);
       cpuResults.push(
@@ -287,11 +312,14 @@ async function main(): Promise<void> {
   }
   process.stdout.write(
     [
-      `\n${SESSIONS} smtp-source sessions, one recipient per message; messages/s from first connection to last stored; median of ${ROUNDS} rounds`,
+      `\n${SESSIONS} smtp-source sessions, one recipient per message; messages/s from first connection to last stored; median of ${ROUNDS} rounds; hops to the daemons and the sink: ${SOCKETS ? 'unix sockets' : 'loopback TCP'}; PostgreSQL: ${PG_SOCKET ? 'unix socket' : 'loopback TCP'}`,
       'hooks only: the same Postfix configuration with a policy server and milter that decide nothing (null-daemons.ts), delivering to the sink',
       '| size | messages | sink msg/s | hooks only msg/s (ratio) | ours msg/s | ratio | target | met |',
       '|---|---|---|---|---|---|---|---|',
       ...results,
+      '',
+      "The rounds' own ratios (odd rounds ran sink, hooks, ours; even rounds the reverse):",
+      ...roundRatios,
       '',
       'CPU ms per message (median of the rounds; machine: all processes, all cores; the daemons: all their threads)',
       '| size | sink: machine | hooks only: machine | ours: machine | policy daemon | milter | receiver |',

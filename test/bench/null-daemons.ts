@@ -8,6 +8,7 @@
  * Both use the production codecs (framing, negotiation), so Postfix sees the same conversation shape;
  * neither looks anything up.
  */
+import { chmod } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import {
   encodeContinue,
@@ -68,9 +69,12 @@ export function nullMilterServer(): Server {
   });
 }
 
-export async function listenOn(server: Server, port: number): Promise<void> {
+/** On a TCP port of 127.0.0.1, or a unix socket path that Postfix's user may connect to. */
+export async function listenOn(server: Server, at: number | string): Promise<void> {
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
-    server.listen(port, '127.0.0.1', resolve);
+    if (typeof at === 'string') server.listen(at, resolve);
+    else server.listen(at, '127.0.0.1', resolve);
   });
+  if (typeof at === 'string') await chmod(at, 0o666);
 }
