@@ -15,10 +15,10 @@
  * connection to the last message stored (ours: counted in Postgres; the sink's: Postfix's `status=sent`
  * lines in its log). Each case runs BENCH_ROUNDS rounds (4) of the three configurations in turn, in an
  * order that alternates (ORDER below); the table shows medians, the ratios being the medians of each
- * round's own ratio. A second table gives the
- * CPU time per message of the measured part (cpu-usage.ts, from /proc): the machine's, in every
- * configuration, and each of our three daemons' (all threads, so V8's collector helpers count). Each
- * run's line also gives the machine's context switches per message (/proc/stat ctxt).
+ * round's own ratio. A second table gives the CPU time per message of the measured part (cpu-usage.ts,
+ * from /proc): the machine's, in every configuration, and each of our three daemons' (all threads, so
+ * V8's collector helpers count). Each run's line also gives the machine's context switches per message
+ * (/proc/stat ctxt).
  *
  *   node test/bench/mail-bench.ts   (BENCH_SMALL_COUNT, BENCH_LARGE_COUNT, BENCH_SESSIONS, BENCH_ROUNDS,
  *                                    BENCH_WARMUP, BENCH_UNCOMPRESSED, BENCH_HOPS, BENCH_PG_SOCKET,
@@ -56,6 +56,7 @@ import pg from 'pg';
 import { type Config, loadConfig } from '../../src/config/config.ts';
 import { buildContainer, TOKENS } from '../../src/container.ts';
 import type { InboxService } from '../../src/core/inbox-service.ts';
+import { listenOn } from '../../src/net/listen.ts';
 import { PostfixInstance } from '../../src/postfix/instance.ts';
 import { renderPostfix } from '../../src/postfix/render.ts';
 import type { Database } from '../../src/storage/database.ts';
@@ -64,7 +65,7 @@ import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
 import { freePorts } from '../support/sender-postfix.ts';
 import { perCommandMs, perMessageMs, sampleCpu, sampleProcesses, switchesPerMessage } from './cpu-usage.ts';
-import { listenOn, nullMilterServer, nullPolicyServer } from './null-daemons.ts';
+import { nullMilterServer, nullPolicyServer } from './null-daemons.ts';
 import { waitListening } from './wait-listening.ts';
 
 const ADMIN_URL = process.env.TEST_DATABASE_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
@@ -179,8 +180,10 @@ async function main(): Promise<void> {
     const nullMilter = nullMilterServer();
     const nullPolicyAt = hop('null-policy', nullPolicyPort as number);
     const nullMilterAt = hop('null-milter', nullMilterPort as number);
-    await listenOn(nullPolicy, nullPolicyAt);
-    await listenOn(nullMilter, nullMilterAt);
+    const asListen = (at: string | number) =>
+      typeof at === 'string' ? { path: at } : { host: '127.0.0.1', port: at };
+    await listenOn(nullPolicy, asListen(nullPolicyAt), () => nullPolicy.address());
+    await listenOn(nullMilter, asListen(nullMilterAt), () => nullMilter.address());
     closers.push(
       () => nullPolicy.close(),
       () => nullMilter.close(),
@@ -235,7 +238,7 @@ async function main(): Promise<void> {
       for (let round = 1; round <= ROUNDS; round++) {
         const label = (name: string) => `${name} (round ${round})`;
         const toInbox = { ...c, to: inbox.address };
-        const runs: Record<string, () => Promise<Measured>> = {
+        const runs: Record<Run, () => Promise<Measured>> = {
           sink: () =>
             measure(yardstick, c, async () => countSent(yardstick), label('sink'), dns.resolvConfPath),
           hooks: () => measure(hooks, c, async () => countSent(hooks), label('hooks'), dns.resolvConfPath),
@@ -260,11 +263,16 @@ async function main(): Promise<void> {
           ours: () => measure(ours, toInbox, storedCount, label('ours'), dns.resolvConfPath, daemonPids),
         };
         // Odd rounds run the sink first and ours last, even rounds the reverse (ORDER in the header).
-        const order = ['sink', 'hooks', ...(SPLIT ? ['ourHooks', 'ourReceiver'] : []), 'ours'];
+        const order: Run[] = [
+          'sink',
+          'hooks',
+          ...(SPLIT ? (['ourHooks', 'ourReceiver'] as const) : []),
+          'ours',
+        ];
         if (round % 2 === 0) order.reverse();
-        const measured: Record<string, Measured> = {};
-        for (const name of order) measured[name] = await (runs[name] as () => Promise<Measured>)();
-        const pick = (name: string) => measured[name] as Measured;
+        const measured = new Map<Run, Measured>();
+        for (const name of order) measured.set(name, await runs[name]());
+        const pick = (name: Run) => measured.get(name) as Measured;
         rounds.push({
           sink: pick('sink'),
           hooks: pick('hooks'),
@@ -361,6 +369,9 @@ async function countSent(postfix: PostfixInstance): Promise<number> {
     await handle.close();
   }
 }
+
+/** The configurations a round measures (ourHooks and ourReceiver only with BENCH_SPLIT). */
+type Run = 'sink' | 'hooks' | 'ourHooks' | 'ourReceiver' | 'ours';
 
 interface Measured {
   rate: number;

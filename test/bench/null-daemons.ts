@@ -8,7 +8,6 @@
  * Both use the production codecs (framing, negotiation), so Postfix sees the same conversation shape;
  * neither looks anything up.
  */
-import { chmod } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import {
   encodeContinue,
@@ -67,14 +66,4 @@ export function nullMilterServer(): Server {
     });
     socket.on('error', () => socket.destroy());
   });
-}
-
-/** On a TCP port of 127.0.0.1, or a unix socket path that Postfix's user may connect to. */
-export async function listenOn(server: Server, at: number | string): Promise<void> {
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    if (typeof at === 'string') server.listen(at, resolve);
-    else server.listen(at, '127.0.0.1', resolve);
-  });
-  if (typeof at === 'string') await chmod(at, 0o666);
 }
