@@ -46,6 +46,11 @@ export function smtpServerVersion(): string {
   return (require('smtp-server/package.json') as { version: string }).version;
 }
 
+/** Whether the installed smtp-server is the one data-scan.ts and mail-from.ts were written against. */
+export function supportedSmtpServer(): boolean {
+  return SUPPORTED.test(smtpServerVersion());
+}
+
 let installed = false;
 
 /** Pieces the scanner handled itself, and those it handed to the original (tests). */
@@ -54,7 +59,7 @@ export const dataScanStats = { scanned: 0, handedOver: 0 };
 /** Installs the scanner (idempotent). Returns false, changing nothing, for another smtp-server version. */
 export function installDataScan(): boolean {
   if (installed) return true;
-  if (!SUPPORTED.test(smtpServerVersion()) || typeof original !== 'function') return false;
+  if (!supportedSmtpServer() || typeof original !== 'function') return false;
   prototype._feedDataStream = feedDataStream;
   installed = true;
   return true;

@@ -4,8 +4,8 @@
  *
  * Listens on:  the given Listen (TCP, port 0 picks a free port; or a unix socket, whose stale file is
  *              removed first; a live one is left alone and listening fails with EADDRINUSE).
- * Reads:       LHLO, XFORWARD (only IDENT is used: Postfix's queue id, the idempotency key), MAIL, RCPT,
- *              DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size, and
+ * Reads:       LHLO, XFORWARD (only IDENT is used: Postfix's queue id, the idempotency key), MAIL (any
+ *              reverse-path Postfix sends, mail-from.ts), RCPT, DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size, and
  *              a refusal here would be a 5xx after queueing (DESIGN decision 1).
  * Decides:     nothing; each DATA goes to handler.deliver, which owns the data stream from then on.
  * Writes:      one reply per accepted RCPT, in RCPT order, duplicates included (RFC 2033 section 4.2):
@@ -37,6 +37,7 @@ import { coalesceWrites } from '../net/coalesce-writes.ts';
 import { listenOn } from '../net/listen.ts';
 import { paceBufferGarbage } from './buffer-pacer.ts';
 import { installDataScan, smtpServerVersion } from './data-scan.ts';
+import { installMailFromParser } from './mail-from.ts';
 
 export const CLOSE_GRACE_MS = 30_000;
 
@@ -84,6 +85,13 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
       version: smtpServerVersion(),
     });
   }
+  if (!installMailFromParser()) {
+    log({
+      level: 'warn',
+      msg: "smtp-server version not known to mail-from.ts: its own MAIL FROM parser stays, and refuses with 501 some senders Postfix accepted (Postfix's lmtp service defers them: soft_bounce)",
+      version: smtpServerVersion(),
+    });
+  }
   const graceMs = options.closeGraceMs ?? CLOSE_GRACE_MS;
   // smtp-server merges a repeated RCPT into one envelope entry, but RFC 2033 wants one reply per
   // accepted RCPT: the accepted addresses are kept here, per transaction (envelope object).
@@ -100,6 +108,10 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     disabledCommands: ['AUTH', 'STARTTLS'],
     disableReverseLookup: true,
     hideENHANCEDSTATUSCODES: true,
+    // smtp-server's default, stated: without the DSN extension Postfix keeps NOTIFY, ORCPT, RET and
+    // ENVID to itself (no notice ever leaves), so smtp-server's checks of their syntax cannot refuse a
+    // queued message with a 501.
+    hideDSN: true,
     // close() below sends our 421 at the end of the grace; smtp-server's own is only a fallback.
     closeTimeout: graceMs + 5_000,
     // Every sender is taken (the milter decided before queueing); answered at once, not after

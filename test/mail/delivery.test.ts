@@ -55,3 +55,44 @@ test('a plain message arrives: poll lists every summary field and the download i
     'the message as sent ends the download',
   );
 });
+
+test('senders Postfix accepts but a strict parser would not (quoted local parts, dots, an underscore) arrive, none bounced', async () => {
+  const inbox = await s.provision();
+  // What the client writes in MAIL FROM; Postfix passes the ones that are not dot-atoms on quoted.
+  // From: is lax.test (DMARC p=none), so the unaligned envelope domains are not refused for DMARC.
+  const senders = [
+    '"john doe"@allowed.test',
+    'john..doe@allowed.test',
+    'a_b@sub_dom.lax.test',
+    '"a@b"@allowed.test',
+  ];
+  const queueIds: string[] = [];
+  for (const [index, from] of senders.entries()) {
+    const message = plainMessage({
+      from: 'sender@lax.test',
+      to: inbox.address,
+      subject: `odd sender ${index}`,
+    });
+    const replies = await s.send({ from, to: [inbox.address], message });
+    const queued = /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(replies.end?.text ?? '');
+    assert.ok(queued?.[1], `${from}: ${replies.end?.text}`);
+    queueIds.push(queued[1]);
+  }
+  const token = inbox.credentials.owner;
+  const messages = await s.waitFor('every message in poll', async () => {
+    const r = await s.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, { token });
+    return r.json.messages.length === senders.length ? r.json.messages : undefined;
+  });
+  const bySubject = new Map(
+    (messages as { subject: string; envelope_from: string }[]).map((m) => [m.subject, m.envelope_from]),
+  );
+  assert.deepEqual(
+    senders.map((_, index) => bySubject.get(`odd sender ${index}`)),
+    senders,
+  );
+  const log = await s.postfix.maillog();
+  for (const queueId of queueIds) {
+    assert.match(log, new RegExp(`${queueId}: to=<${inbox.address}>.* status=sent \\(250 2\\.0\\.0 msg_`));
+    assert.doesNotMatch(log, new RegExp(`${queueId}: .*status=bounced`));
+  }
+});

@@ -3,7 +3,8 @@
  * MAIL-FACTS B.5, F.6): with the policy daemon down, or the milter down, the sender gets a 4xx and
  * nothing is recorded; with Postgres refusing connections, the milter cannot reserve (4xx at end of
  * data), and the LMTP receiver answers 4xx, so Postfix keeps the accepted message deferred and delivers
- * it once the database is back: stored once, no bounce.
+ * it once the database is back: stored once, no bounce. A 5xx from the receiver's side (which it must
+ * never send) is deferred too, by soft_bounce on Postfix's lmtp service, and never bounced.
  *
  * "Postgres down" is real and touches only this file's database: ALLOW_CONNECTIONS false plus
  * pg_terminate_backend of its sessions, from an admin connection; then allowed again.
@@ -12,6 +13,8 @@
  * test/lmtp/database-failure.test.ts.
  */
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { createServer, type Socket } from 'node:net';
 import { after, before, test } from 'node:test';
 import pg from 'pg';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
@@ -281,4 +284,87 @@ test('Postgres unavailable: the milter answers 4xx at end of data, the receiver 
   const whole = await s.postfix.maillog();
   assert.doesNotMatch(whole, /status=bounced/);
   assert.doesNotMatch(whole, /sender non-delivery notification/);
+});
+
+/**
+ * An LMTP server in the receiver's place that refuses every sender with a 5xx: what smtp-server, under
+ * our receiver, did to some senders Postfix had accepted (src/lmtp/mail-from.ts).
+ */
+async function refusingReceiver(port: number): Promise<{ close(): Promise<void> }> {
+  const sockets = new Set<Socket>();
+  const server = createServer((socket) => {
+    sockets.add(socket);
+    socket.on('close', () => sockets.delete(socket));
+    socket.on('error', () => {});
+    socket.write('220 refusing.test LMTP\r\n');
+    let buffer = '';
+    socket.on('data', (data) => {
+      buffer += data.toString('latin1');
+      for (let end = buffer.indexOf('\r\n'); end !== -1; end = buffer.indexOf('\r\n')) {
+        const verb = buffer.slice(0, end).split(' ')[0]?.toUpperCase();
+        buffer = buffer.slice(end + 2);
+        if (verb === 'LHLO')
+          socket.write('250-refusing.test\r\n250-PIPELINING\r\n250 XFORWARD NAME ADDR PROTO HELO IDENT\r\n');
+        else if (verb === 'XFORWARD' || verb === 'RSET') socket.write('250 OK\r\n');
+        else if (verb === 'MAIL') socket.write('501 5.1.7 Bad sender address syntax\r\n');
+        else if (verb === 'QUIT') socket.end('221 bye\r\n');
+        else socket.write('503 5.5.1 Bad sequence of commands\r\n');
+      }
+    });
+  });
+  server.listen(port, '127.0.0.1');
+  await once(server, 'listening');
+  return {
+    async close() {
+      for (const socket of sockets) socket.destroy();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+test("a 5xx from the receiver's side defers the message (soft_bounce on Postfix's lmtp service): no bounce, delivered once the receiver takes it", async () => {
+  const inbox = await s.provision();
+  const message = plainMessage({
+    to: inbox.address,
+    subject: 'refused once',
+    messageId: '<refused@allowed.test>',
+  });
+  await s.stopDaemon('lmtp');
+  let queueId: string | undefined;
+  try {
+    const listen = s.config.lmtpListen;
+    assert.ok('port' in listen, 'the mail stack runs the receiver on TCP');
+    const refusing = await refusingReceiver(listen.port);
+    try {
+      const sent = await s.send({ to: [inbox.address], message });
+      queueId = /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(sent.end?.text ?? '')?.[1];
+      assert.ok(queueId, sent.end?.text);
+      const reason = await s.waitFor('the message deferred after the 5xx', async () => {
+        const entry = (await s.postfix.queue()).find((e) => e.queueId === queueId);
+        const text = entry?.recipients[0]?.delayReason ?? '';
+        return text.includes('501 5.1.7') ? text : undefined;
+      });
+      assert.match(reason, /said: 501 5\.1\.7 Bad sender address syntax/);
+    } finally {
+      await refusing.close();
+    }
+  } finally {
+    await s.startDaemon('lmtp');
+  }
+  await s.postfix.flush();
+  const polled = await s.waitFor('the message stored', async () => {
+    const p = await poll(inbox);
+    return p.messages.length > 0 ? p : undefined;
+  });
+  assert.equal(polled.messages[0].internet_message_id, '<refused@allowed.test>');
+  await s.waitFor('an empty queue', async () => ((await s.postfix.queueEmpty()) ? true : undefined));
+  const log = (await s.postfix.maillog()).split('\n').filter((l) => l.includes(`${queueId}:`));
+  // Postfix logs a deferral that soft_bounce made as SOFTBOUNCE, with the DSN class turned to 4.
+  assert.ok(
+    log.some((l) => /dsn=4\.1\.7, status=SOFTBOUNCE .*said: 501 5\.1\.7/.test(l)),
+    log.join('\n'),
+  );
+  assert.equal(log.filter((l) => l.includes('status=sent')).length, 1, log.join('\n'));
+  assert.ok(!log.some((l) => /status=bounced|sender non-delivery notification/.test(l)), log.join('\n'));
+  assert.equal((await poll(inbox)).messages.length, 1);
 });
