@@ -48,8 +48,10 @@ export async function copyChunks(
   let seq = 0;
   let size = 0;
   const write = async (bytes: Buffer) => {
-    // once() rejects if the stream fails while waiting, so a database error cannot leave this hanging.
-    if (!copy.write(bytes)) await once(copy, 'drain');
+    // A database error settles `settled`: one that came while this waits, or earlier, while the body
+    // was read (pg-copy-streams then emits 'error' without destroying the stream, and a write left
+    // pending on the lost connection would never drain), ends the wait with that error.
+    if (!copy.write(bytes)) await Promise.race([once(copy, 'drain'), settled]);
   };
   const flush = async () => {
     const fieldHeads = Buffer.allocUnsafe(12);

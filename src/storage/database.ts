@@ -66,6 +66,10 @@ export class Database {
       // listing) on every execution cost more CPU than running them.
       // UTC sessions print timestamptz in the one form parseTimestamptz reads by position.
       options: '-c plan_cache_mode=force_generic_plan -c TimeZone=UTC',
+      // A server gone without a reset (a crashed host, a failover, an idle-dropping firewall) would
+      // leave a connection waiting for a reply forever; keepalive probes end it, and the query fails.
+      keepAlive: true,
+      keepAliveInitialDelayMillis: 30_000,
     });
     // An idle client losing its connection must not crash the process; the pool replaces it.
     this.pool.on('error', () => {});

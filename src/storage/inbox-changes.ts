@@ -10,6 +10,12 @@
  *
  * A lost connection is reported at once (`listening(false)`: announcements made while it is down are
  * lost, so the subscriber drops what it kept) and retried every `retryMs` until `close()`.
+ *
+ * A connection can also die without a word: a database host gone without a reset, or a firewall or NAT
+ * that drops an idle connection, and this one is idle between announcements. Nothing would then tell
+ * the subscriber, and it would keep what it read for good. So the probe is repeated every `recheckMs`
+ * while listening; one that does not come back counts as a lost connection. TCP keepalive on the
+ * connection keeps such middleboxes from forgetting it in the first place.
  */
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
@@ -28,6 +34,8 @@ export interface ChangeSubscriber {
 export interface FeedOptions {
   retryMs?: number;
   probeTimeoutMs?: number;
+  /** How often a listening connection is proven again (default 30 s). */
+  recheckMs?: number;
 }
 
 export class InboxChangeFeed {
@@ -37,8 +45,10 @@ export class InboxChangeFeed {
   readonly #log: Log;
   readonly #retryMs: number;
   readonly #probeTimeoutMs: number;
+  readonly #recheckMs: number;
   #client: pg.Client | undefined;
   #retry: NodeJS.Timeout | undefined;
+  #recheck: NodeJS.Timeout | undefined;
   #probe: { payload: string; arrived: () => void } | undefined;
   #up = false;
   #failing = false;
@@ -51,6 +61,7 @@ export class InboxChangeFeed {
     this.#log = log;
     this.#retryMs = options.retryMs ?? 1000;
     this.#probeTimeoutMs = options.probeTimeoutMs ?? 5000;
+    this.#recheckMs = options.recheckMs ?? 30_000;
   }
 
   get listening(): boolean {
@@ -65,6 +76,7 @@ export class InboxChangeFeed {
   async close(): Promise<void> {
     this.#closed = true;
     clearTimeout(this.#retry);
+    clearTimeout(this.#recheck);
     const client = this.#client;
     this.#client = undefined;
     this.#down();
@@ -73,7 +85,11 @@ export class InboxChangeFeed {
 
   async #connect(): Promise<void> {
     if (this.#closed) return;
-    const client = new pg.Client({ connectionString: this.#url });
+    const client = new pg.Client({
+      connectionString: this.#url,
+      keepAlive: true,
+      keepAliveInitialDelayMillis: 30_000,
+    });
     this.#client = client;
     client.on('notification', ({ channel, payload }) => {
       if (client !== this.#client || channel !== CHANNEL) return;
@@ -98,6 +114,22 @@ export class InboxChangeFeed {
     if (this.#failing) this.#log({ level: 'info', msg: 'inbox change feed listening again' });
     this.#failing = false;
     this.#subscriber.listening(true);
+    this.#scheduleRecheck(client);
+  }
+
+  /** Proves the listening connection again in `recheckMs`, and so on while it is the current one. */
+  #scheduleRecheck(client: pg.Client): void {
+    this.#recheck = setTimeout(async () => {
+      if (client !== this.#client || this.#closed) return;
+      try {
+        await this.#roundTrip();
+      } catch (error) {
+        this.#lost(client, error instanceof Error ? error : new Error(String(error)));
+        return;
+      }
+      this.#scheduleRecheck(client);
+    }, this.#recheckMs);
+    this.#recheck.unref();
   }
 
   /** Announces a probe from a pooled connection and waits for it to arrive on the listening one. */
@@ -112,11 +144,14 @@ export class InboxChangeFeed {
       );
     });
     try {
-      await this.#db.rows('inbox-changes-probe', 'SELECT pg_notify($1, $2)', [CHANNEL, payload]);
-      await arrived;
+      // The timeout covers the announcing query too: a pool that cannot answer fails the probe.
+      await Promise.all([
+        this.#db.rows('inbox-changes-probe', 'SELECT pg_notify($1, $2)', [CHANNEL, payload]),
+        arrived,
+      ]);
     } finally {
       clearTimeout(timer);
-      this.#probe = undefined;
+      if (this.#probe?.payload === payload) this.#probe = undefined;
     }
   }
 

@@ -165,3 +165,29 @@ test('a connection lost early in a long, slow body fails the copy without readin
   );
   assert.ok(produced < 100, `read ${produced} of 100 pieces before failing`);
 });
+
+test('a database error that came while the body was read ends a later wait for drain (no hang)', async () => {
+  // pg-copy-streams reports a lost connection by emitting 'error' without destroying the stream; a
+  // write then left buffered never drains. A client that never answers the COPY keeps the stream
+  // corked (no CopyInResponse), so a chunk's write returns false and would wait for 'drain' forever.
+  let copy: { handleError(error: Error): void; callback: () => void } | undefined;
+  const silent = {
+    query(query: typeof copy) {
+      copy = query;
+      if (copy) copy.callback = () => {};
+      return query;
+    },
+  } as unknown as import('pg').PoolClient;
+  async function* body(): AsyncIterable<Buffer> {
+    copy?.handleError(new Error('Connection terminated unexpectedly'));
+    yield Buffer.alloc(CHUNK_BYTES, 1);
+  }
+  const outcome = await Promise.race([
+    copyChunks(silent, 'inbox', 'msg_never_drains', body(), CHUNK_BYTES).then(
+      () => 'stored',
+      (error: Error) => error.message,
+    ),
+    new Promise((resolve) => setTimeout(resolve, 2_000, 'still waiting after 2 s')),
+  ]);
+  assert.equal(outcome, 'Connection terminated unexpectedly');
+});

@@ -230,3 +230,50 @@ test('a feed whose probe never comes back (announcements not reaching it) never 
   await unannounced('UPDATE inboxes SET quota_bytes = 9 WHERE inbox_id = $1', [a.inbox_id]);
   assert.equal((await lookup.find(a.inbox_id, []))?.inbox.quotaBytes, 9, 'nothing kept');
 });
+
+test('a listening connection that stops hearing announcements without a word is caught by the repeated probe and replaced', async () => {
+  class Recording extends PgRecipientLookup {
+    readonly states: boolean[] = [];
+    override listening(up: boolean): void {
+      this.states.push(up);
+      super.listening(up);
+    }
+  }
+  const listeners = async () =>
+    new Set(
+      (
+        await db.rows<{ pid: number }>(
+          'test-listeners',
+          `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN inbox_changes'`,
+          [],
+        )
+      ).map((row) => row.pid),
+    );
+  const others = await listeners();
+  const lookup = new Recording(db);
+  const feed = new InboxChangeFeed(h.database.url, db, lookup, (line) => logged.push(line), {
+    retryMs: 100,
+    probeTimeoutMs: 300,
+    recheckMs: 200,
+  });
+  feeds.push(feed);
+  await feed.start();
+  const [pid] = [...(await listeners())].filter((p) => !others.has(p));
+  assert.ok(pid, 'the feed has its own backend');
+  const a = await h.provision();
+  await lookup.find(a.inbox_id, []);
+
+  // The backend stops (as a host gone without a reset would): the connection stays open, silent.
+  process.kill(pid, 'SIGSTOP');
+  try {
+    const until = Date.now() + 10_000;
+    while (lookup.states.length < 3 && Date.now() < until) await sleep(20);
+  } finally {
+    process.kill(pid, 'SIGCONT');
+  }
+  assert.deepEqual(lookup.states, [true, false, true], 'noticed, then listening on a new connection');
+  const now = [...(await listeners())].filter((p) => !others.has(p) && p !== pid);
+  assert.equal(now.length, 1, 'a new backend listens');
+  await unannounced('UPDATE inboxes SET quota_bytes = 11 WHERE inbox_id = $1', [a.inbox_id]);
+  assert.equal((await lookup.find(a.inbox_id, []))?.inbox.quotaBytes, 11, 'what was kept was dropped');
+});
