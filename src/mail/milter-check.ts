@@ -6,6 +6,10 @@
  *
  * Memory: the body is handed to mailauth as it arrives, with backpressure; nothing holds the message.
  * A body no signature covers is only counted (Authenticator.readsBody): mailauth gets the headers alone.
+ * Only the first MAX_DKIM_SIGNATURES DKIM-Signature fields are verified (RFC 6376 section 6.1 lets a
+ * verifier limit them): mailauth keeps each signature's covered header fields, canonicalized, in
+ * memory, and checks them one after another without yielding; a message with thousands of signatures
+ * over large fields froze the milter for tens of seconds, then ran it out of heap.
  */
 import { once } from 'node:events';
 import { PassThrough } from 'node:stream';
@@ -21,6 +25,9 @@ import type {
 } from '../milter/handler.ts';
 
 const AUTH_RESULTS = 'authentication-results';
+const DKIM_SIGNATURE = 'dkim-signature';
+/** Real mail carries one to three (author domain, ESP, forwarder); later ones are not verified. */
+export const MAX_DKIM_SIGNATURES = 10;
 
 export class MilterCheck implements MilterHandler {
   readonly #admission: MessageAdmission;
@@ -37,12 +44,10 @@ export class MilterCheck implements MilterHandler {
     // The reservation and the receiver's idempotency are keyed on it: without it, fail (4xx), never
     // reserve under an empty id. It comes with the DATA macros (postfix/main.cf milter_data_macros).
     if (!envelope.queueId) throw new Error('no queue id from the MTA: milter_data_macros must include i');
-    const headerBlock = Buffer.concat([
-      ...headers.map((h) => Buffer.from(`${h.name}:${h.value.replace(/\r?\n/g, '\r\n')}\r\n`, 'latin1')),
-      Buffer.from('\r\n'),
-    ]);
+    const headerBlock = blockOf(headers);
     let sizeBytes = headerBlock.length;
-    const readsBody = this.#authenticator.readsBody(headers.map((h) => h.name));
+    const verified = withoutExcessSignatures(headers);
+    const readsBody = this.#authenticator.readsBody(verified.map((h) => h.name));
     const stream = new PassThrough();
     const auth: Promise<AuthVerdict> = this.#authenticator.authenticate({
       message: stream,
@@ -55,7 +60,7 @@ export class MilterCheck implements MilterHandler {
     const failed = auth.then(() => new Promise<never>(() => {}));
     auth.catch(() => {});
     failed.catch(() => {});
-    stream.write(headerBlock);
+    stream.write(verified === headers ? headerBlock : blockOf(verified));
     // Nothing more to give: mailauth may work (DNS, DMARC) while the body is still arriving.
     if (!readsBody) stream.end();
 
@@ -97,6 +102,23 @@ export class MilterCheck implements MilterHandler {
       insert: [{ index: 0, name: 'Authentication-Results', value: auth.headerValue }],
     };
   }
+}
+
+/** The header fields as the sender sent them, and the blank line after them. */
+function blockOf(headers: MilterHeader[]): Buffer {
+  return Buffer.concat([
+    ...headers.map((h) => Buffer.from(`${h.name}:${h.value.replace(/\r?\n/g, '\r\n')}\r\n`, 'latin1')),
+    Buffer.from('\r\n'),
+  ]);
+}
+
+/** The header fields with every DKIM-Signature after the first MAX_DKIM_SIGNATURES left out. */
+export function withoutExcessSignatures(headers: MilterHeader[]): MilterHeader[] {
+  let signatures = 0;
+  for (const h of headers) if (h.name.toLowerCase() === DKIM_SIGNATURE) signatures++;
+  if (signatures <= MAX_DKIM_SIGNATURES) return headers;
+  let kept = 0;
+  return headers.filter((h) => h.name.toLowerCase() !== DKIM_SIGNATURE || ++kept <= MAX_DKIM_SIGNATURES);
 }
 
 function firstValue(headers: MilterHeader[], name: string): string | null {
