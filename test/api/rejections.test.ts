@@ -4,6 +4,7 @@
  * MAX_REJECTIONS is 3 here so the cap is cheap to reach.
  */
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { iso } from '../support/assertions.ts';
@@ -149,6 +150,19 @@ test('retries of one sender_not_allowed message are one event, but every attempt
     [901],
   );
   assert.equal(third.inbox.rejection_count, 4);
+});
+
+test('a Message-ID of any length is recorded and compared (no index entry size limit): 16 KB of random text', async () => {
+  const inbox = await h.provision(['allowed.example']);
+  const huge = `<${randomBytes(12_000).toString('base64')}@other.example>`;
+  for (const reason of ['quota', 'sender_opted_out'] as const) {
+    assert.equal(await h.reject(inbox.inbox_id, { reason, internetMessageId: huge }), 'recorded', reason);
+  }
+  const retry = () =>
+    h.reject(inbox.inbox_id, { reason: 'sender_not_allowed', senderDomain: null, internetMessageId: huge });
+  assert.equal(await retry(), 'recorded');
+  assert.equal(await retry(), 'counted', 'the retry is recognized by its Message-ID');
+  assert.equal(await rejectionCount(inbox), 4);
 });
 
 test('sender_not_allowed rejections without a Message-ID are separate events', async () => {
