@@ -4,8 +4,8 @@
  *
  * Listens on:  the given Listen (TCP, port 0 picks a free port; or a unix socket, whose stale file is
  *              removed first; a live one is left alone and listening fails with EADDRINUSE).
- * Reads:       LHLO, XFORWARD (only IDENT is used: Postfix's queue id, the idempotency key), MAIL (any
- *              reverse-path Postfix sends, mail-from.ts), RCPT, DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size, and
+ * Reads:       LHLO, XFORWARD (only IDENT is used: Postfix's queue id, the idempotency key; NAME and HELO
+ *              are left out, xforward.ts), MAIL (any reverse-path Postfix sends, mail-from.ts), RCPT, DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size, and
  *              a refusal here would be a 5xx after queueing (DESIGN decision 1).
  * Decides:     nothing; each DATA goes to handler.deliver, which owns the data stream from then on.
  * Writes:      one reply per accepted RCPT, in RCPT order, duplicates included (RFC 2033 section 4.2):
@@ -38,6 +38,7 @@ import { listenOn } from '../net/listen.ts';
 import { paceBufferGarbage } from './buffer-pacer.ts';
 import { installDataScan, smtpServerVersion } from './data-scan.ts';
 import { installMailFromParser } from './mail-from.ts';
+import { installXForwardReader } from './xforward.ts';
 
 export const CLOSE_GRACE_MS = 30_000;
 
@@ -89,6 +90,13 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     log({
       level: 'warn',
       msg: "smtp-server version not known to mail-from.ts: its own MAIL FROM parser stays, and refuses with 501 some senders Postfix accepted (Postfix's lmtp service defers them: soft_bounce)",
+      version: smtpServerVersion(),
+    });
+  }
+  if (!installXForwardReader()) {
+    log({
+      level: 'warn',
+      msg: "smtp-server version not known to xforward.ts: a client's UTF-8 HELO makes smtp-server refuse Postfix's XFORWARD, and that message loses its queue id (not idempotent)",
       version: smtpServerVersion(),
     });
   }

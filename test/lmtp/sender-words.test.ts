@@ -1,8 +1,10 @@
 /**
- * MAIL FROM as Postfix's lmtp(8) sends it (src/lmtp/mail-from.ts): every reverse-path Postfix accepted
- * is taken by the receiver, with smtp-server's own parser shown refusing the same commands with a 501
- * (which would bounce the queued message). The end-to-end case through a real Postfix is in
- * test/mail/delivery.test.ts.
+ * What the SMTP client wrote, as Postfix's lmtp(8) passes it on, taken by the receiver:
+ * - MAIL FROM (src/lmtp/mail-from.ts): every reverse-path Postfix accepted, with smtp-server's own parser
+ *   shown refusing the same commands with a 501 (which would bounce the queued message). The end-to-end
+ *   case through a real Postfix is in test/mail/delivery.test.ts.
+ * - XFORWARD (src/lmtp/xforward.ts): a UTF-8 HELO, xtext-encoded, no longer costs the message its queue
+ *   id (smtp-server refused the whole command, IDENT included).
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -15,6 +17,7 @@ import {
   uninstallMailFromParser,
 } from '../../src/lmtp/mail-from.ts';
 import { type LmtpServer, startLmtpServer } from '../../src/lmtp/server.ts';
+import { installXForwardReader, keptAttributes, uninstallXForwardReader } from '../../src/lmtp/xforward.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { LmtpClient } from './lmtp-client.ts';
 
@@ -144,4 +147,62 @@ test('a message from each such sender is stored, its envelope sender listed as f
     SENDERS.map((_, index) => bySubject.get(`sender ${index}`)),
     SENDERS.map(([, mailbox]) => mailbox),
   );
+});
+
+/** `почта.рф` as Postfix's lmtp(8) sends a client's UTF-8 HELO: xtext, byte by byte. */
+const UTF8_HELO = [...Buffer.from('почта.рф')]
+  .map((byte) => (byte < 0x80 ? String.fromCharCode(byte) : `+${byte.toString(16).toUpperCase()}`))
+  .join('');
+
+test('keptAttributes leaves out NAME and HELO, and leaves alone a command with nothing else', () => {
+  assert.equal(
+    keptAttributes(`XFORWARD PROTO=ESMTP HELO=${UTF8_HELO} IDENT=4jQ SOURCE=REMOTE`),
+    'XFORWARD PROTO=ESMTP IDENT=4jQ SOURCE=REMOTE',
+  );
+  assert.equal(
+    keptAttributes('XFORWARD NAME=a.example ADDR=192.0.2.1 PORT=25'),
+    'XFORWARD ADDR=192.0.2.1 PORT=25',
+  );
+  assert.equal(keptAttributes('XFORWARD IDENT=4jQ'), undefined);
+  assert.equal(keptAttributes('XFORWARD helo=x'), undefined);
+});
+
+test("a client's UTF-8 HELO: smtp-server refused the XFORWARD carrying IDENT; now the queue id arrives and redelivery is idempotent", async () => {
+  const command = (queueId: string) =>
+    `XFORWARD PROTO=ESMTP HELO=${UTF8_HELO} IDENT=${queueId} SOURCE=REMOTE`;
+  const xforward = async (queueId: string) => {
+    const client = await LmtpClient.connect({ port: lmtp.port as number });
+    try {
+      await client.command('LHLO postfix.test');
+      return await client.command(command(queueId));
+    } finally {
+      await client.quit();
+    }
+  };
+  uninstallXForwardReader();
+  try {
+    assert.equal(await xforward(ident()), '501 Error: Bad command parameter syntax');
+  } finally {
+    assert.equal(installXForwardReader(), true);
+  }
+  assert.equal(await xforward(ident()), '250 OK');
+
+  const inbox: ProvisionedInbox = await h.provision();
+  const queueId = ident();
+  const replies: string[] = [];
+  for (let attempt = 0; attempt < 2; attempt++) {
+    const client = await LmtpClient.connect({ port: lmtp.port as number });
+    await client.command('LHLO postfix.test');
+    assert.equal(await client.command(command(queueId)), '250 OK');
+    await client.command('MAIL FROM:<s@example.com>');
+    await client.command(`RCPT TO:<${inbox.address}>`);
+    replies.push(...(await client.data([Buffer.from('Subject: utf-8 helo\r\n\r\nbody\r\n')], 1)));
+    await client.quit();
+  }
+  assert.equal(replies.length, 2);
+  for (const reply of replies) assert.match(reply, /^250 /);
+  const response = await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, {
+    token: inbox.credentials.reader,
+  });
+  assert.equal(response.json.messages.length, 1, 'the second delivery of that queue id stored nothing');
 });
