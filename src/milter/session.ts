@@ -17,6 +17,7 @@
  *   a failed body(), or connectionLost().
  * - Header bytes kept per message are bounded (MAX_HEADER_BYTES). No message content is logged.
  */
+import type { Refusal } from '../core/verdict.ts';
 import type { Log } from '../log.ts';
 import {
   decodeCommand,
@@ -33,8 +34,18 @@ import { MacroStore } from './macros.ts';
 import { expectsReply, negotiate } from './negotiate.ts';
 import { endOfMessageReply } from './reply.ts';
 
-/** Header bytes kept per message; a message beyond it fails temporarily (mail that big is not ours). */
+/**
+ * Header bytes kept per message. Postfix limits each header field (header_size_limit, 100 KiB), not
+ * their number; a message whose header fields add up to more is refused for good: a 4xx would bring
+ * the same message back on every retry, refused the same way each time.
+ */
 export const MAX_HEADER_BYTES = 1024 * 1024;
+export const HEADERS_TOO_LARGE: Refusal = Object.freeze({
+  kind: 'reject',
+  code: 552,
+  dsn: '5.3.4',
+  text: `Message header size exceeds fixed maximum of ${MAX_HEADER_BYTES} bytes`,
+});
 
 interface Transaction {
   envelopeFrom: string;
@@ -42,6 +53,8 @@ interface Transaction {
   recipients: string[];
   headers: MilterHeader[];
   headerBytes: number;
+  /** The header fields went past MAX_HEADER_BYTES: every later answer is HEADERS_TOO_LARGE. */
+  tooLarge: boolean;
   queueId: string;
   consumer: MessageConsumer | undefined;
   /** end() or abort() has been called; the consumer gets nothing more. */
@@ -50,7 +63,7 @@ interface Transaction {
   failed: boolean;
 }
 
-type Answer = 'continue' | 'tempfail';
+type Answer = 'continue' | 'tempfail' | Refusal;
 
 export interface MilterSessionOptions {
   handler: MilterHandler;
@@ -167,9 +180,7 @@ export class MilterSession {
       case 'unknown':
         break;
     }
-    if (expectsReply(packet.command, this.#protocol)) {
-      this.#send(answer === 'continue' ? encodeContinue() : encodeTempfail());
-    }
+    if (expectsReply(packet.command, this.#protocol)) this.#send(answerPacket(answer));
     return 'continue';
   }
 
@@ -191,6 +202,7 @@ export class MilterSession {
       consumer: undefined,
       settled: false,
       failed: false,
+      tooLarge: false,
     };
   }
 
@@ -202,13 +214,14 @@ export class MilterSession {
   #onHeader(header: { name: string; value: string }): Answer {
     const tx = this.#transaction('HEADER');
     if (tx.consumer) throw new MilterProtocolError('HEADER after EOH');
-    if (tx.failed) return 'tempfail';
+    if (tx.failed) return failure(tx);
     tx.headerBytes += Buffer.byteLength(header.name) + Buffer.byteLength(header.value) + 3;
     if (tx.headerBytes > MAX_HEADER_BYTES) {
-      this.#log({ level: 'warn', msg: 'milter message headers too large; tempfail', session: this.#id });
+      this.#log({ level: 'warn', msg: 'milter message headers too large; refused', session: this.#id });
       tx.failed = true;
+      tx.tooLarge = true;
       tx.headers = [];
-      return 'tempfail';
+      return HEADERS_TOO_LARGE;
     }
     tx.headers.push({ name: header.name, value: header.value });
     return 'continue';
@@ -217,7 +230,7 @@ export class MilterSession {
   #onEndOfHeaders(): Answer {
     const tx = this.#transaction('EOH');
     if (tx.consumer) throw new MilterProtocolError('second EOH');
-    if (tx.failed) return 'tempfail';
+    if (tx.failed) return failure(tx);
     const macros = this.#macros.snapshot();
     tx.queueId = macros.get('i') ?? '';
     const envelope = {
@@ -243,7 +256,7 @@ export class MilterSession {
 
   async #onBody(chunk: Buffer): Promise<Answer> {
     const tx = this.#transaction('BODY');
-    if (tx.failed) return 'tempfail';
+    if (tx.failed) return failure(tx);
     const consumer = tx.consumer;
     if (!consumer) throw new MilterProtocolError('BODY before EOH');
     try {
@@ -258,7 +271,7 @@ export class MilterSession {
   async #onEndOfMessage(chunk: Buffer): Promise<Buffer> {
     const tx = this.#transaction('BODYEOB');
     // libmilter accepts a last body chunk inside BODYEOB; Postfix sends it as a separate BODY.
-    if (chunk.length > 0 && (await this.#onBody(chunk)) === 'tempfail') tx.failed = true;
+    if (chunk.length > 0 && (await this.#onBody(chunk)) !== 'continue') tx.failed = true;
     const consumer = tx.consumer;
     if (!tx.failed && !consumer) {
       this.#log({
@@ -269,7 +282,7 @@ export class MilterSession {
     }
     if (tx.failed || !consumer) {
       this.#endTransaction();
-      return encodeTempfail();
+      return answerPacket(failure(tx));
     }
     tx.settled = true;
     let reply: Buffer;
@@ -336,4 +349,15 @@ export class MilterSession {
 /** `<a@b>` → `a@b`, `<>` → ''. */
 function unbracket(address: string): string {
   return address.startsWith('<') && address.endsWith('>') ? address.slice(1, -1) : address;
+}
+
+/** The answer for a transaction that failed: HEADERS_TOO_LARGE for good, anything else for now. */
+function failure(tx: Transaction): Answer {
+  return tx.tooLarge ? HEADERS_TOO_LARGE : 'tempfail';
+}
+
+function answerPacket(answer: Answer): Buffer {
+  if (answer === 'continue') return encodeContinue();
+  if (answer === 'tempfail') return encodeTempfail();
+  return endOfMessageReply({ verdict: answer });
 }

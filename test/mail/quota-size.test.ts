@@ -17,6 +17,7 @@ import { createHash } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { RECEIVED_ALLOWANCE_BYTES } from '../../src/core/message-admission.ts';
+import { MAX_HEADER_BYTES } from '../../src/milter/session.ts';
 import { MAIL_DOMAIN, type MailStack, startMailStack } from '../support/mail-stack.ts';
 import type { TransactionReplies } from '../support/smtp-client.ts';
 
@@ -300,5 +301,24 @@ describe('size', () => {
     assert.equal(p.messages.length, 1);
     assert.equal(p.rejections.length, 0);
     assert.equal(p.inbox.quota_used_bytes, m.size_bytes);
+  });
+
+  test('header fields adding up to more than 1 MiB (each one small enough for Postfix) are 552 5.3.4 at end of data, for good, and nothing is kept', async () => {
+    const inbox = await s.provision();
+    // 25 fields of 50 KB, folded into 1,000-character lines: Postfix cuts a longer field (it kept about
+    // 59 KB of each of 99 KB) and longer lines, and lets any number of fields through.
+    const folded = Array.from({ length: 50 }, () => 'x'.repeat(998)).join('\r\n ');
+    const fields = Array.from({ length: 25 }, (_, i) => `X-Big-${i}: ${folded}\r\n`).join('');
+    const message = Buffer.from(
+      `${fields}From: S <s@allowed.test>\r\nTo: ${inbox.address}\r\nSubject: big head\r\n\r\nbody\r\n`,
+    );
+    const refused = await s.send({ to: [inbox.address], message });
+    assert.equal(refused.data?.code, 354);
+    assert.equal(
+      refused.end?.text,
+      `552 5.3.4 Message header size exceeds fixed maximum of ${MAX_HEADER_BYTES} bytes`,
+    );
+    const st = await status(inbox);
+    assert.deepEqual([st.message_count, st.quota_used_bytes, st.rejection_count], [0, 0, 0]);
   });
 });

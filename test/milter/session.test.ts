@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { afterEach, describe, test } from 'node:test';
 import { ACCEPT } from '../../src/core/verdict.ts';
+import { MAX_HEADER_BYTES } from '../../src/milter/session.ts';
 import { type Started, sleep, startFake } from './fake-handler.ts';
 import { envelope, MtaClient, show } from './mta-client.ts';
 
@@ -210,23 +211,29 @@ describe('sizes', () => {
     assert.deepEqual(handler.messages[0]?.chunks, [chunk]);
   });
 
-  test('headers beyond MAX_HEADER_BYTES fail the message at EOH without asking the handler', async () => {
+  test('headers beyond MAX_HEADER_BYTES refuse the message for good (552 5.3.4) at EOH and at end of message, without asking the handler', async () => {
     const { mta, handler, logs } = await setup();
     await mta.negotiate();
     await envelope(mta);
     const big = ` ${'x'.repeat(100_000)}`;
+    const refusal = `y552 5.3.4 Message header size exceeds fixed maximum of ${MAX_HEADER_BYTES} bytes\0`;
     assert.equal(
       await headers(
         mta,
         Array.from({ length: 11 }, (): [string, string] => ['X-Big', big]),
       ),
-      't',
+      refusal,
     );
+    // Postfix goes on to the end of the message (milter_protocol 6 lets it): the same answer, for good.
+    assert.deepEqual(await bodyAndEnd(mta, []), [refusal]);
     assert.equal(handler.messages.length, 0);
     assert.equal(
-      logs.some((l) => l.msg === 'milter message headers too large; tempfail'),
+      logs.some((l) => l.msg === 'milter message headers too large; refused'),
       true,
     );
+    // The next transaction on the connection starts afresh.
+    await envelope(mta);
+    assert.equal(await headers(mta, [['Subject', ' small']]), 'c');
   });
 });
 
