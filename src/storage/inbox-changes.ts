@@ -49,7 +49,8 @@ export class InboxChangeFeed {
   #client: pg.Client | undefined;
   #retry: NodeJS.Timeout | undefined;
   #recheck: NodeJS.Timeout | undefined;
-  #probe: { payload: string; arrived: () => void } | undefined;
+  /** Probes announced and not yet back, by payload. */
+  readonly #probes = new Map<string, () => void>();
   #up = false;
   #failing = false;
   #closed = false;
@@ -94,7 +95,7 @@ export class InboxChangeFeed {
     client.on('notification', ({ channel, payload }) => {
       if (client !== this.#client || channel !== CHANNEL) return;
       if (payload?.startsWith(PROBE)) {
-        if (payload === this.#probe?.payload) this.#probe.arrived();
+        this.#probes.get(payload)?.();
         return;
       }
       this.#subscriber.changed(payload || '*');
@@ -132,12 +133,22 @@ export class InboxChangeFeed {
     this.#recheck.unref();
   }
 
+  /**
+   * Resolves once every announcement committed before the call has been passed to the subscriber: a
+   * probe announced now arrives after them (a session gets its notifications in commit order). At once
+   * when not listening (nothing is kept then). Rejects if the probe does not come back in time. For
+   * tests that change an inbox and then expect the change at the very next RCPT.
+   */
+  async sync(): Promise<void> {
+    if (this.#up) await this.#roundTrip();
+  }
+
   /** Announces a probe from a pooled connection and waits for it to arrive on the listening one. */
   async #roundTrip(): Promise<void> {
     const payload = `${PROBE}${randomUUID()}`;
     let timer: NodeJS.Timeout | undefined;
     const arrived = new Promise<void>((resolve, reject) => {
-      this.#probe = { payload, arrived: resolve };
+      this.#probes.set(payload, resolve);
       timer = setTimeout(
         () => reject(new Error(`no announcement came back within ${this.#probeTimeoutMs} ms`)),
         this.#probeTimeoutMs,
@@ -151,7 +162,7 @@ export class InboxChangeFeed {
       ]);
     } finally {
       clearTimeout(timer);
-      if (this.#probe?.payload === payload) this.#probe = undefined;
+      this.#probes.delete(payload);
     }
   }
 

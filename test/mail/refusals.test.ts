@@ -186,7 +186,9 @@ test('mail to an inbox cancelled for abuse is refused at RCPT with the abuse con
 
 test('changes to an inbox that already took mail apply from the next RCPT: extended, sender opted out, cancelled', async () => {
   // The policy daemon keeps what RCPT read of the inbox and the opt-outs (storage/recipient-lookup.ts):
-  // each change must reach it, or the next RCPT would be decided on what it kept.
+  // each change must reach it, or the next RCPT would be decided on what it kept. A change reaches it a
+  // moment after its commit (an announcement); s.announced() waits for that moment, which a session
+  // opened at once could otherwise beat (it did, once in CI).
   const inbox = await s.provision();
   const from = 'news@later-optout.test';
   const send = () =>
@@ -205,12 +207,15 @@ test('changes to an inbox that already took mail apply from the next RCPT: exten
   });
   assert.equal(extended.status, 200, extended.text);
   s.clock.advance(s.config.unitSeconds); // past the first expiry, before the extended one
+  await s.announced();
   assertAccepted(await send());
 
   await s.optOuts.add('later-optout.test', s.clock.now());
+  await s.announced();
   assertRefusedAtRcpt(await send(), [atRcpt(inbox.address, '555 5.7.1 svc.test: sender domain opted out')]);
 
   await s.inboxes.cancel(inbox.inbox_id, s.clock.now());
+  await s.announced();
   const cancelled = await s.send({ to: [inbox.address], message: plainMessage({ to: inbox.address }) });
   assertRefusedAtRcpt(cancelled, [
     atRcpt(inbox.address, '555 5.7.1 svc.test: address disabled for abuse; reports: abuse@svc.test'),

@@ -277,3 +277,19 @@ test('a listening connection that stops hearing announcements without a word is 
   await unannounced('UPDATE inboxes SET quota_bytes = 11 WHERE inbox_id = $1', [a.inbox_id]);
   assert.equal((await lookup.find(a.inbox_id, []))?.inbox.quotaBytes, 11, 'what was kept was dropped');
 });
+
+test('sync() returns once every change committed before it has been passed on: the next read sees each', async () => {
+  const { lookup, feed } = await listeningLookup();
+  const a = await h.provision();
+  for (const quota of [1001, 1002, 1003]) {
+    await lookup.find(a.inbox_id, []); // kept
+    await db.rows('test-quota', 'UPDATE inboxes SET quota_bytes = $2 WHERE inbox_id = $1', [
+      a.inbox_id,
+      quota,
+    ]);
+    await feed.sync();
+    assert.equal((await lookup.find(a.inbox_id, []))?.inbox.quotaBytes, quota);
+  }
+  await feed.close();
+  await feed.sync(); // not listening: nothing is kept, nothing to wait for
+});

@@ -9,12 +9,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../../src/config/config.ts';
+import { TOKENS } from '../../src/container.ts';
 import { startLmtp } from '../../src/daemons/lmtp.ts';
 import { startMilter } from '../../src/daemons/milter.ts';
 import { startPolicy } from '../../src/daemons/policy.ts';
 import type { Log, LogLine } from '../../src/log.ts';
 import { PostfixInstance } from '../../src/postfix/instance.ts';
 import { renderPostfix } from '../../src/postfix/render.ts';
+import type { InboxChangeFeed } from '../../src/storage/inbox-changes.ts';
 import { testZone } from './dns-zone.ts';
 import { type Dnsmasq, startDnsmasq } from './dnsmasq.ts';
 import { type Harness, startHarness } from './harness.ts';
@@ -36,6 +38,11 @@ export interface MailStack extends Harness {
   send(t: Partial<Transaction> & Pick<Transaction, 'to' | 'message'>): Promise<TransactionReplies>;
   stopDaemon(name: DaemonName): Promise<void>;
   startDaemon(name: DaemonName): Promise<void>;
+  /**
+   * Resolves once the policy daemon has heard of every inbox and opt-out change committed so far (it
+   * keeps what RCPT read until PostgreSQL announces a change; an announcement takes a moment).
+   */
+  announced(): Promise<void>;
   /** Polls `check` until it returns a value other than undefined, or fails after `timeoutMs`. */
   waitFor<T>(what: string, check: () => Promise<T | undefined>, timeoutMs?: number): Promise<T>;
 }
@@ -95,6 +102,7 @@ export async function startMailStack(options: MailStackOptions = {}): Promise<Ma
     logs,
     send: (t) => sendMail(smtpPort, { from: 'sender@allowed.test', ...t }),
     startDaemon,
+    announced: () => harness.container.resolve<InboxChangeFeed>(TOKENS.InboxChangeFeed).sync(),
     async stopDaemon(name) {
       await running.get(name)?.close();
       running.delete(name);
