@@ -6,10 +6,7 @@
  *
  * Memory: the body is handed to mailauth as it arrives, with backpressure; nothing holds the message.
  * A body no signature covers is only counted (Authenticator.readsBody): mailauth gets the headers alone.
- * Only the first MAX_DKIM_SIGNATURES DKIM-Signature fields are verified (RFC 6376 section 6.1 lets a
- * verifier limit them): mailauth keeps each signature's covered header fields, canonicalized, in
- * memory, and checks them one after another without yielding; a message with thousands of signatures
- * over large fields froze the milter for tens of seconds, then ran it out of heap.
+ * Signatures beyond what signature-limits.ts lets through are not given to mailauth at all.
  */
 import { once } from 'node:events';
 import { PassThrough } from 'node:stream';
@@ -23,11 +20,9 @@ import type {
   MilterHandler,
   MilterHeader,
 } from '../milter/handler.ts';
+import { verifiableHeaders } from './signature-limits.ts';
 
 const AUTH_RESULTS = 'authentication-results';
-const DKIM_SIGNATURE = 'dkim-signature';
-/** Real mail carries one to three (author domain, ESP, forwarder); later ones are not verified. */
-export const MAX_DKIM_SIGNATURES = 10;
 
 export class MilterCheck implements MilterHandler {
   readonly #admission: MessageAdmission;
@@ -46,7 +41,7 @@ export class MilterCheck implements MilterHandler {
     if (!envelope.queueId) throw new Error('no queue id from the MTA: milter_data_macros must include i');
     const headerBlock = blockOf(headers);
     let sizeBytes = headerBlock.length;
-    const verified = withoutExcessSignatures(headers);
+    const verified = verifiableHeaders(headers);
     const readsBody = this.#authenticator.readsBody(verified.map((h) => h.name));
     const stream = new PassThrough();
     const auth: Promise<AuthVerdict> = this.#authenticator.authenticate({
@@ -110,15 +105,6 @@ function blockOf(headers: MilterHeader[]): Buffer {
     ...headers.map((h) => Buffer.from(`${h.name}:${h.value.replace(/\r?\n/g, '\r\n')}\r\n`, 'latin1')),
     Buffer.from('\r\n'),
   ]);
-}
-
-/** The header fields with every DKIM-Signature after the first MAX_DKIM_SIGNATURES left out. */
-export function withoutExcessSignatures(headers: MilterHeader[]): MilterHeader[] {
-  let signatures = 0;
-  for (const h of headers) if (h.name.toLowerCase() === DKIM_SIGNATURE) signatures++;
-  if (signatures <= MAX_DKIM_SIGNATURES) return headers;
-  let kept = 0;
-  return headers.filter((h) => h.name.toLowerCase() !== DKIM_SIGNATURE || ++kept <= MAX_DKIM_SIGNATURES);
 }
 
 function firstValue(headers: MilterHeader[], name: string): string | null {

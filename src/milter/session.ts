@@ -35,16 +35,18 @@ import { expectsReply, negotiate } from './negotiate.ts';
 import { endOfMessageReply } from './reply.ts';
 
 /**
- * Header bytes kept per message. Postfix limits each header field (header_size_limit, 100 KiB), not
- * their number; a message whose header fields add up to more is refused for good: a 4xx would bring
- * the same message back on every retry, refused the same way each time.
+ * Header bytes and fields kept per message. Postfix limits each header field (header_size_limit), not
+ * their number; a message whose header goes past either is refused for good: a 4xx would bring the
+ * same message back on every retry, refused the same way each time. The field count also bounds what
+ * mailauth searches for each signature's h= names (mail/signature-limits.ts).
  */
 export const MAX_HEADER_BYTES = 1024 * 1024;
+export const MAX_HEADER_FIELDS = 10_000;
 export const HEADERS_TOO_LARGE: Refusal = Object.freeze({
   kind: 'reject',
   code: 552,
   dsn: '5.3.4',
-  text: `Message header size exceeds fixed maximum of ${MAX_HEADER_BYTES} bytes`,
+  text: `Message header exceeds fixed maximum of ${MAX_HEADER_BYTES} bytes or ${MAX_HEADER_FIELDS} fields`,
 });
 
 interface Transaction {
@@ -216,7 +218,7 @@ export class MilterSession {
     if (tx.consumer) throw new MilterProtocolError('HEADER after EOH');
     if (tx.failed) return failure(tx);
     tx.headerBytes += Buffer.byteLength(header.name) + Buffer.byteLength(header.value) + 3;
-    if (tx.headerBytes > MAX_HEADER_BYTES) {
+    if (tx.headerBytes > MAX_HEADER_BYTES || tx.headers.length >= MAX_HEADER_FIELDS) {
       this.#log({ level: 'warn', msg: 'milter message headers too large; refused', session: this.#id });
       tx.failed = true;
       tx.tooLarge = true;

@@ -146,19 +146,20 @@ export class InboxChangeFeed {
   /** Announces a probe from a pooled connection and waits for it to arrive on the listening one. */
   async #roundTrip(): Promise<void> {
     const payload = `${PROBE}${randomUUID()}`;
+    const arrived = new Promise<void>((resolve) => this.#probes.set(payload, resolve));
     let timer: NodeJS.Timeout | undefined;
-    const arrived = new Promise<void>((resolve, reject) => {
-      this.#probes.set(payload, resolve);
-      timer = setTimeout(
-        () => reject(new Error(`no announcement came back within ${this.#probeTimeoutMs} ms`)),
-        this.#probeTimeoutMs,
-      );
-    });
     try {
-      // The timeout covers the announcing query too: a pool that cannot answer fails the probe.
-      await Promise.all([
-        this.#db.rows('inbox-changes-probe', 'SELECT pg_notify($1, $2)', [CHANNEL, payload]),
+      await this.#db.rows('inbox-changes-probe', 'SELECT pg_notify($1, $2)', [CHANNEL, payload]);
+      // Timed from the announcement on: a pool slow to announce it is a busy database, not a lost
+      // listener, and dropping what is kept would only add to its load.
+      await Promise.race([
         arrived,
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(
+            () => reject(new Error(`no announcement came back within ${this.#probeTimeoutMs} ms`)),
+            this.#probeTimeoutMs,
+          );
+        }),
       ]);
     } finally {
       clearTimeout(timer);

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { afterEach, describe, test } from 'node:test';
 import { ACCEPT } from '../../src/core/verdict.ts';
-import { MAX_HEADER_BYTES } from '../../src/milter/session.ts';
+import { HEADERS_TOO_LARGE, MAX_HEADER_FIELDS } from '../../src/milter/session.ts';
 import { type Started, sleep, startFake } from './fake-handler.ts';
 import { envelope, MtaClient, show } from './mta-client.ts';
 
@@ -216,7 +216,7 @@ describe('sizes', () => {
     await mta.negotiate();
     await envelope(mta);
     const big = ` ${'x'.repeat(100_000)}`;
-    const refusal = `y552 5.3.4 Message header size exceeds fixed maximum of ${MAX_HEADER_BYTES} bytes\0`;
+    const refusal = `y552 5.3.4 ${HEADERS_TOO_LARGE.text}\0`;
     assert.equal(
       await headers(
         mta,
@@ -234,6 +234,18 @@ describe('sizes', () => {
     // The next transaction on the connection starts afresh.
     await envelope(mta);
     assert.equal(await headers(mta, [['Subject', ' small']]), 'c');
+  });
+
+  test('more than MAX_HEADER_FIELDS header fields, however short, refuse the message the same way', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    const many = Array.from({ length: MAX_HEADER_FIELDS + 1 }, (): [string, string] => ['A', ' b']);
+    assert.equal(await headers(mta, many), `y552 5.3.4 ${HEADERS_TOO_LARGE.text}\0`);
+    assert.equal(handler.messages.length, 0);
+    await envelope(mta);
+    const enough = Array.from({ length: MAX_HEADER_FIELDS }, (): [string, string] => ['A', ' b']);
+    assert.equal(await headers(mta, enough), 'c');
   });
 });
 
