@@ -14,8 +14,8 @@
  * dot, a piece shorter than 16 bytes, a line-start dot within two bytes of the held-back tail) is handed
  * to the original unchanged. test/lmtp/data-scan.test.ts compares both on many random cuttings.
  */
-import { createRequire } from 'node:module';
 import { SMTPStream } from 'smtp-server/lib/smtp-stream.js';
+import { methodPatch } from './smtp-server-patch.ts';
 
 type Done = (error?: Error) => void;
 
@@ -29,7 +29,6 @@ interface StreamState {
   _feedDataStream(chunk: Buffer, done: Done): void;
 }
 
-const SUPPORTED = /^3\.21\./;
 const LF_DOT = Buffer.from('\n.');
 const CR = 0x0d;
 const LF = 0x0a;
@@ -40,36 +39,13 @@ const MIN_PIECE = 16;
 const prototype = (SMTPStream as { prototype: StreamState }).prototype;
 const original = prototype._feedDataStream;
 
-/** The smtp-server version installed; the scanner is only installed over the one it was written for. */
-export function smtpServerVersion(): string {
-  const require = createRequire(import.meta.url);
-  return (require('smtp-server/package.json') as { version: string }).version;
-}
-
-/** Whether the installed smtp-server is the one data-scan.ts and mail-from.ts were written against. */
-export function supportedSmtpServer(): boolean {
-  return SUPPORTED.test(smtpServerVersion());
-}
-
-let installed = false;
-
 /** Pieces the scanner handled itself, and those it handed to the original (tests). */
 export const dataScanStats = { scanned: 0, handedOver: 0 };
 
-/** Installs the scanner (idempotent). Returns false, changing nothing, for another smtp-server version. */
-export function installDataScan(): boolean {
-  if (installed) return true;
-  if (!supportedSmtpServer() || typeof original !== 'function') return false;
-  prototype._feedDataStream = feedDataStream;
-  installed = true;
-  return true;
-}
-
-/** Restores smtp-server's own scanner (tests compare the two). */
-export function uninstallDataScan(): void {
-  prototype._feedDataStream = original;
-  installed = false;
-}
+export const dataScan = methodPatch(prototype, '_feedDataStream', feedDataStream, {
+  module: 'data-scan.ts',
+  without: "smtp-server's own (slower) DATA scanner stays",
+});
 
 function feedDataStream(this: StreamState, chunk: Buffer, done: Done): void {
   const held = this._lastBytes && this._lastBytes.length > 0 ? this._lastBytes : undefined;

@@ -19,7 +19,7 @@
  */
 import type { SMTPConnection } from 'smtp-server/lib/smtp-connection.js';
 import { SMTPConnection as Connection } from 'smtp-server/lib/smtp-connection.js';
-import { supportedSmtpServer } from './data-scan.ts';
+import { methodPatch } from './smtp-server-patch.ts';
 
 type Parse = SMTPConnection['_parseAddressCommand'];
 
@@ -63,19 +63,8 @@ function parseAddressCommand(
   return parsed && { ...parsed, address: mailbox };
 }
 
-let installed = false;
-
-/** Installs the MAIL FROM reader (idempotent). Returns false, changing nothing, for another smtp-server. */
-export function installMailFromParser(): boolean {
-  if (installed) return true;
-  if (!supportedSmtpServer() || typeof original !== 'function') return false;
-  prototype._parseAddressCommand = parseAddressCommand;
-  installed = true;
-  return true;
-}
-
-/** Restores smtp-server's own parser (tests show what it refused). */
-export function uninstallMailFromParser(): void {
-  prototype._parseAddressCommand = original;
-  installed = false;
-}
+export const mailFromParser = methodPatch(prototype, '_parseAddressCommand', parseAddressCommand, {
+  module: 'mail-from.ts',
+  without:
+    "smtp-server's own MAIL FROM parser stays, and refuses with 501 some senders Postfix accepted (Postfix's lmtp service defers them: soft_bounce)",
+});

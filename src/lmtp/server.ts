@@ -36,9 +36,10 @@ import type { Log } from '../log.ts';
 import { coalesceWrites } from '../net/coalesce-writes.ts';
 import { listenOn } from '../net/listen.ts';
 import { paceBufferGarbage } from './buffer-pacer.ts';
-import { installDataScan, smtpServerVersion } from './data-scan.ts';
-import { installMailFromParser } from './mail-from.ts';
-import { installXForwardReader } from './xforward.ts';
+import { dataScan } from './data-scan.ts';
+import { mailFromParser } from './mail-from.ts';
+import { smtpServerVersion } from './smtp-server-patch.ts';
+import { xforwardReader } from './xforward.ts';
 
 export const CLOSE_GRACE_MS = 30_000;
 
@@ -79,26 +80,10 @@ export function toReply(verdict: DeliveryVerdict | undefined): SMTPServerDataRes
 
 export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpServer> {
   const { listen, handler, log, hostname } = options;
-  if (!installDataScan()) {
-    log({
-      level: 'warn',
-      msg: 'smtp-server version not known to data-scan.ts: its own (slower) DATA scanner stays',
-      version: smtpServerVersion(),
-    });
-  }
-  if (!installMailFromParser()) {
-    log({
-      level: 'warn',
-      msg: "smtp-server version not known to mail-from.ts: its own MAIL FROM parser stays, and refuses with 501 some senders Postfix accepted (Postfix's lmtp service defers them: soft_bounce)",
-      version: smtpServerVersion(),
-    });
-  }
-  if (!installXForwardReader()) {
-    log({
-      level: 'warn',
-      msg: "smtp-server version not known to xforward.ts: a client's UTF-8 HELO makes smtp-server refuse Postfix's XFORWARD, and that message loses its queue id (not idempotent)",
-      version: smtpServerVersion(),
-    });
+  for (const patch of [dataScan, mailFromParser, xforwardReader]) {
+    if (patch.install()) continue;
+    const msg = `smtp-server version not known to ${patch.module}: ${patch.without}`;
+    log({ level: 'warn', msg, version: smtpServerVersion() });
   }
   const graceMs = options.closeGraceMs ?? CLOSE_GRACE_MS;
   // smtp-server merges a repeated RCPT into one envelope entry, but RFC 2033 wants one reply per

@@ -15,7 +15,7 @@
  */
 import type { SMTPConnection } from 'smtp-server/lib/smtp-connection.js';
 import { SMTPConnection as Connection } from 'smtp-server/lib/smtp-connection.js';
-import { supportedSmtpServer } from './data-scan.ts';
+import { methodPatch } from './smtp-server-patch.ts';
 
 type Handler = (this: SMTPConnection, command: Buffer, callback: () => void) => void;
 
@@ -35,19 +35,8 @@ function handleXForward(this: SMTPConnection, command: Buffer, callback: () => v
   original.call(this, kept === undefined ? command : Buffer.from(kept, 'latin1'), callback);
 }
 
-let installed = false;
-
-/** Installs the XFORWARD reader (idempotent). Returns false, changing nothing, for another smtp-server. */
-export function installXForwardReader(): boolean {
-  if (installed) return true;
-  if (!supportedSmtpServer() || typeof original !== 'function') return false;
-  prototype.handler_XFORWARD = handleXForward;
-  installed = true;
-  return true;
-}
-
-/** Restores smtp-server's own handler (tests show what it refused). */
-export function uninstallXForwardReader(): void {
-  prototype.handler_XFORWARD = original;
-  installed = false;
-}
+export const xforwardReader = methodPatch(prototype, 'handler_XFORWARD', handleXForward, {
+  module: 'xforward.ts',
+  without:
+    "a client's UTF-8 HELO makes smtp-server refuse Postfix's XFORWARD, and that message loses its queue id (not idempotent)",
+});

@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { SMTPStream } from 'smtp-server/lib/smtp-stream.js';
-import { dataScanStats, installDataScan, uninstallDataScan } from '../../src/lmtp/data-scan.ts';
+import { dataScan, dataScanStats } from '../../src/lmtp/data-scan.ts';
 
 interface Parser {
   oncommand: (line: Buffer, next?: () => void) => void;
@@ -108,7 +108,7 @@ function cut(data: Buffer, next: () => number): Buffer[] {
 }
 
 test('the scanner installs over this smtp-server version', () => {
-  assert.equal(installDataScan(), true);
+  assert.equal(dataScan.install(), true);
 });
 
 test('the scanner and smtp-server own give the same transcript on 300 random cuttings', async () => {
@@ -116,9 +116,9 @@ test('the scanner and smtp-server own give the same transcript on 300 random cut
   for (let seed = 1; seed <= 300; seed++) {
     const next = random(seed);
     const pieces = cut(session(next), next);
-    uninstallDataScan();
+    dataScan.uninstall();
     const expected = await transcript(pieces);
-    installDataScan();
+    dataScan.install();
     const actual = await transcript(pieces);
     assert.deepEqual(actual.events, expected.events, `seed ${seed}`);
     assert.deepEqual(actual.events.slice(-2), ['command RSET', 'command QUIT'], `seed ${seed}`);
@@ -137,7 +137,7 @@ test('the scanner and smtp-server own give the same transcript on 300 random cut
 });
 
 test('a 1 MiB message in 64 KiB pieces is unstuffed exactly, nearly every piece by the scanner', async () => {
-  installDataScan();
+  dataScan.install();
   const lines: string[] = [];
   for (let i = 0, length = 0; length < 1024 * 1024; i++) {
     const line = i % 7 === 0 ? `.line ${i}` : `line ${i} ${'x'.repeat(i % 90)}`;
@@ -164,7 +164,7 @@ test('a 1 MiB message in 64 KiB pieces is unstuffed exactly, nearly every piece 
 });
 
 test('a message that arrives in one piece is scanned by the scanner alone, unless its first line starts with a dot', async () => {
-  installDataScan();
+  dataScan.install();
   const body = `Subject: one piece\r\n\r\n${'a line of text\r\n'.repeat(640)}`;
   for (const [first, handedOver] of [
     ['', 0],

@@ -10,14 +10,9 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { DeliveryService } from '../../src/core/delivery-service.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import {
-  installMailFromParser,
-  mailboxOf,
-  splitReversePath,
-  uninstallMailFromParser,
-} from '../../src/lmtp/mail-from.ts';
+import { mailboxOf, mailFromParser, splitReversePath } from '../../src/lmtp/mail-from.ts';
 import { type LmtpServer, startLmtpServer } from '../../src/lmtp/server.ts';
-import { installXForwardReader, keptAttributes, uninstallXForwardReader } from '../../src/lmtp/xforward.ts';
+import { keptAttributes, xforwardReader } from '../../src/lmtp/xforward.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { LmtpClient } from './lmtp-client.ts';
 
@@ -96,7 +91,7 @@ async function mailReply(path: string, params = ''): Promise<string> {
 }
 
 test("smtp-server's own parser refuses these senders with 501 (a source route it takes); ours takes them all", async () => {
-  uninstallMailFromParser();
+  mailFromParser.uninstall();
   try {
     for (const [path, , refused] of SENDERS) {
       assert.equal(
@@ -106,7 +101,7 @@ test("smtp-server's own parser refuses these senders with 501 (a source route it
       );
     }
   } finally {
-    assert.equal(installMailFromParser(), true);
+    assert.equal(mailFromParser.install(), true);
   }
   for (const [path] of SENDERS)
     assert.equal(await mailReply(path, ' BODY=8BITMIME SIZE=300'), '250 Accepted', path);
@@ -179,11 +174,11 @@ test("a client's UTF-8 HELO: smtp-server refused the XFORWARD carrying IDENT; no
       await client.quit();
     }
   };
-  uninstallXForwardReader();
+  xforwardReader.uninstall();
   try {
     assert.equal(await xforward(ident()), '501 Error: Bad command parameter syntax');
   } finally {
-    assert.equal(installXForwardReader(), true);
+    assert.equal(xforwardReader.install(), true);
   }
   assert.equal(await xforward(ident()), '250 OK');
 
