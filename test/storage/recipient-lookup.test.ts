@@ -31,6 +31,15 @@ after(async () => {
   await h.close();
 });
 
+/** A lookup that records every listening(up) its feed tells it. */
+class Recording extends PgRecipientLookup {
+  readonly states: boolean[] = [];
+  override listening(up: boolean): void {
+    this.states.push(up);
+    super.listening(up);
+  }
+}
+
 /** A lookup with its own feed (retrying quickly), listening. */
 async function listeningLookup(): Promise<{ lookup: PgRecipientLookup; feed: InboxChangeFeed }> {
   const lookup = new PgRecipientLookup(db);
@@ -169,13 +178,6 @@ test('a read in flight when an announcement arrives is not kept', async () => {
 });
 
 test('a lost feed connection drops everything, keeps nothing while down, and listens again', async () => {
-  class Recording extends PgRecipientLookup {
-    readonly states: boolean[] = [];
-    override listening(up: boolean): void {
-      this.states.push(up);
-      super.listening(up);
-    }
-  }
   const lookup = new Recording(db);
   const feed = new InboxChangeFeed(h.database.url, db, lookup, (line) => logged.push(line), { retryMs: 300 });
   feeds.push(feed);
@@ -232,13 +234,6 @@ test('a feed whose probe never comes back (announcements not reaching it) never 
 });
 
 test('a listening connection that stops hearing announcements without a word is caught by the repeated probe and replaced', async () => {
-  class Recording extends PgRecipientLookup {
-    readonly states: boolean[] = [];
-    override listening(up: boolean): void {
-      this.states.push(up);
-      super.listening(up);
-    }
-  }
   const listeners = async () =>
     new Set(
       (
