@@ -14,7 +14,8 @@
  */
 
 /** Largest packet we accept. Postfix sends body chunks of at most 65535 bytes (MILTER_CHUNK_SIZE) and
- * headers of at most header_size_limit (102400); its own limit for our replies is INT_MAX/2. */
+ * header fields of at most 60,000 bytes (cleanup cuts them there when a milter is configured, whatever
+ * header_size_limit says; session.ts MAX_FIELD_BYTES); its own limit for our replies is INT_MAX/2. */
 export const MAX_PACKET_BYTES = 1024 * 1024 + 1024;
 
 /** MTA→milter command bytes [milter8.c SMFIC_*]. */

@@ -15,7 +15,8 @@
  *   MilterProtocolError, after which the connection must be closed.
  * - A consumer gets abort() when its transaction ends before end() was called: ABORT, a new MAIL, QUIT,
  *   a failed body(), or connectionLost().
- * - Header bytes kept per message are bounded (MAX_HEADER_BYTES). No message content is logged.
+ * - Header bytes kept per message are bounded (MAX_HEADER_BYTES, MAX_FIELD_BYTES). No message content is
+ *   logged.
  */
 import type { Refusal } from '../core/verdict.ts';
 import type { Log } from '../log.ts';
@@ -35,10 +36,10 @@ import { expectsReply, negotiate } from './negotiate.ts';
 import { endOfMessageReply } from './reply.ts';
 
 /**
- * Header bytes and fields kept per message. Postfix limits each header field (header_size_limit), not
- * their number; a message whose header goes past either is refused for good: a 4xx would bring the
- * same message back on every retry, refused the same way each time. The field count also bounds what
- * mailauth searches for each signature's h= names (mail/signature-limits.ts).
+ * Header bytes and fields kept per message. A message whose header goes past either is refused for
+ * good: a 4xx would bring the same message back on every retry, refused the same way each time. The
+ * field count also bounds what mailauth searches for each signature's h= names
+ * (mail/signature-limits.ts).
  */
 export const MAX_HEADER_BYTES = 1024 * 1024;
 export const MAX_HEADER_FIELDS = 10_000;
@@ -49,14 +50,32 @@ export const HEADERS_TOO_LARGE: Refusal = Object.freeze({
   text: `Message header exceeds fixed maximum of ${MAX_HEADER_BYTES} bytes or ${MAX_HEADER_FIELDS} fields`,
 });
 
+/**
+ * Postfix's cleanup, when a milter is configured, cuts every header field at 60,000 bytes whatever
+ * header_size_limit says (cleanup_message.c KLUDGE_HEADER_LIMIT: room for libmilter's 64 KiB packets),
+ * and says nothing. It keeps each line of a field (a record of at most line_length_limit, 2048 bytes,
+ * for a longer line) only while the field, `Name:` and the value with lines joined by LF as we receive
+ * it, stays within 60,000 bytes; the rest is dropped (Postfix 3.7: a field of 60,033 bytes in 2,001-byte
+ * lines was stored as 58,032). So a field longer than 60,000 - 2,049 bytes may have lost lines, and its
+ * stored copy would not be what was sent: it is refused for good instead. main.cf pins
+ * line_length_limit to 2048 for this bound.
+ */
+export const MAX_FIELD_BYTES = 60_000 - 2048 - 1;
+export const HEADER_FIELD_TOO_LARGE: Refusal = Object.freeze({
+  kind: 'reject',
+  code: 552,
+  dsn: '5.3.4',
+  text: `Message header field exceeds fixed maximum of ${MAX_FIELD_BYTES} bytes`,
+});
+
 interface Transaction {
   envelopeFrom: string;
   mailArgs: string[];
   recipients: string[];
   headers: MilterHeader[];
   headerBytes: number;
-  /** The header fields went past MAX_HEADER_BYTES: every later answer is HEADERS_TOO_LARGE. */
-  tooLarge: boolean;
+  /** The header went past a limit: every later answer is this refusal. */
+  tooLarge: Refusal | undefined;
   queueId: string;
   consumer: MessageConsumer | undefined;
   /** end() or abort() has been called; the consumer gets nothing more. */
@@ -204,7 +223,7 @@ export class MilterSession {
       consumer: undefined,
       settled: false,
       failed: false,
-      tooLarge: false,
+      tooLarge: undefined,
     };
   }
 
@@ -217,13 +236,21 @@ export class MilterSession {
     const tx = this.#transaction('HEADER');
     if (tx.consumer) throw new MilterProtocolError('HEADER after EOH');
     if (tx.failed) return failure(tx);
-    tx.headerBytes += Buffer.byteLength(header.name) + Buffer.byteLength(header.value) + 3;
-    if (tx.headerBytes > MAX_HEADER_BYTES || tx.headers.length >= MAX_HEADER_FIELDS) {
-      this.#log({ level: 'warn', msg: 'milter message headers too large; refused', session: this.#id });
+    // Name and value arrive as latin1 strings: their lengths are byte counts.
+    const fieldBytes = header.name.length + 1 + header.value.length;
+    tx.headerBytes += fieldBytes + 2;
+    const refusal =
+      fieldBytes > MAX_FIELD_BYTES
+        ? HEADER_FIELD_TOO_LARGE
+        : tx.headerBytes > MAX_HEADER_BYTES || tx.headers.length >= MAX_HEADER_FIELDS
+          ? HEADERS_TOO_LARGE
+          : undefined;
+    if (refusal) {
+      this.#log({ level: 'warn', msg: 'milter message header too large; refused', session: this.#id });
       tx.failed = true;
-      tx.tooLarge = true;
+      tx.tooLarge = refusal;
       tx.headers = [];
-      return HEADERS_TOO_LARGE;
+      return refusal;
     }
     tx.headers.push({ name: header.name, value: header.value });
     return 'continue';
@@ -353,9 +380,9 @@ function unbracket(address: string): string {
   return address.startsWith('<') && address.endsWith('>') ? address.slice(1, -1) : address;
 }
 
-/** The answer for a transaction that failed: HEADERS_TOO_LARGE for good, anything else for now. */
+/** The answer for a transaction that failed: a header limit's refusal for good, anything else for now. */
 function failure(tx: Transaction): Answer {
-  return tx.tooLarge ? HEADERS_TOO_LARGE : 'tempfail';
+  return tx.tooLarge ?? 'tempfail';
 }
 
 function answerPacket(answer: Answer): Buffer {

@@ -5,7 +5,12 @@
 import assert from 'node:assert/strict';
 import { afterEach, describe, test } from 'node:test';
 import { ACCEPT } from '../../src/core/verdict.ts';
-import { HEADERS_TOO_LARGE, MAX_HEADER_FIELDS } from '../../src/milter/session.ts';
+import {
+  HEADER_FIELD_TOO_LARGE,
+  HEADERS_TOO_LARGE,
+  MAX_FIELD_BYTES,
+  MAX_HEADER_FIELDS,
+} from '../../src/milter/session.ts';
 import { type Started, sleep, startFake } from './fake-handler.ts';
 import { envelope, MtaClient, show } from './mta-client.ts';
 
@@ -215,12 +220,12 @@ describe('sizes', () => {
     const { mta, handler, logs } = await setup();
     await mta.negotiate();
     await envelope(mta);
-    const big = ` ${'x'.repeat(100_000)}`;
+    const big = ` ${'x'.repeat(50_000)}`;
     const refusal = `y552 5.3.4 ${HEADERS_TOO_LARGE.text}\0`;
     assert.equal(
       await headers(
         mta,
-        Array.from({ length: 11 }, (): [string, string] => ['X-Big', big]),
+        Array.from({ length: 21 }, (): [string, string] => ['X-Big', big]),
       ),
       refusal,
     );
@@ -228,12 +233,38 @@ describe('sizes', () => {
     assert.deepEqual(await bodyAndEnd(mta, []), [refusal]);
     assert.equal(handler.messages.length, 0);
     assert.equal(
-      logs.some((l) => l.msg === 'milter message headers too large; refused'),
+      logs.some((l) => l.msg === 'milter message header too large; refused'),
       true,
     );
     // The next transaction on the connection starts afresh.
     await envelope(mta);
     assert.equal(await headers(mta, [['Subject', ' small']]), 'c');
+  });
+
+  test('a header field of more than MAX_FIELD_BYTES (Postfix may have cut it) refuses the message for good; one byte less passes', async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    // `X-F:` and the value, folded lines joined by LF as Postfix sends them: MAX_FIELD_BYTES + 1 bytes.
+    const value = (bytes: number) => {
+      const lines = Array.from({ length: Math.floor((bytes - 4) / 71) - 1 }, () => ` ${'h'.repeat(69)}`);
+      const used = lines.length * 71;
+      return [...lines, ` ${'h'.repeat(bytes - 4 - used - 1)}`].join('\n');
+    };
+    assert.equal(`X-F:${value(MAX_FIELD_BYTES + 1)}`.length, MAX_FIELD_BYTES + 1);
+    const refusal = `y552 5.3.4 ${HEADER_FIELD_TOO_LARGE.text}\0`;
+    assert.equal(
+      await headers(mta, [
+        ['Subject', ' s'],
+        ['X-F', value(MAX_FIELD_BYTES + 1)],
+      ]),
+      refusal,
+    );
+    assert.deepEqual(await bodyAndEnd(mta, []), [refusal]);
+    assert.equal(handler.messages.length, 0);
+    await envelope(mta);
+    assert.equal(await headers(mta, [['X-F', value(MAX_FIELD_BYTES)]]), 'c');
+    assert.equal(handler.messages[0]?.headers[0]?.value.length, MAX_FIELD_BYTES - 4);
   });
 
   test('more than MAX_HEADER_FIELDS header fields, however short, refuse the message the same way', async () => {
