@@ -13,7 +13,7 @@
  */
 import type { Clock } from './clock.ts';
 import { addSeconds } from './clock.ts';
-import { ServiceError, unauthorized } from './errors.ts';
+import { inboxCancelled, ServiceError, unauthorized } from './errors.ts';
 import { OWNER_CREDENTIAL, READER_CREDENTIAL } from './ids.ts';
 import { isPurged, type LifecycleSettings, usageInstant } from './lifecycle.ts';
 import type { Caller, Usage } from './model.ts';
@@ -77,12 +77,7 @@ export class Access {
     if (!shape.ok) throw shape.error;
     const { inbox, role } = admission;
     if (inbox.inboxId !== inboxId) throw unauthorized();
-    if (inbox.cancelledAt) {
-      throw new ServiceError('inbox_cancelled', 'This inbox was cancelled for abuse.', {
-        reason: 'abuse',
-        cancelled_at: inbox.cancelledAt.toISOString(),
-      });
-    }
+    if (inbox.cancelledAt) throw inboxCancelled(inbox.cancelledAt);
     if (operation.ownerOnly && role !== 'owner')
       throw new ServiceError('forbidden', 'This operation needs the owner credential.');
     if (operation.bucket) {

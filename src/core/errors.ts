@@ -41,3 +41,11 @@ export const invalidRequest = (field: string, message: string): ServiceError =>
 
 export const outOfBounds = (field: string, min: number, max: number, got: unknown): ServiceError =>
   new ServiceError('out_of_bounds', `${field} must be between ${min} and ${max}.`, { field, min, max, got });
+
+/** 410 inbox_cancelled, for any call on a cancelled inbox (contract section 3). */
+export function inboxCancelled(cancelledAt: Date): ServiceError {
+  return new ServiceError('inbox_cancelled', 'This inbox was cancelled for abuse.', {
+    reason: 'abuse',
+    cancelled_at: cancelledAt.toISOString(),
+  });
+}

@@ -5,7 +5,7 @@
  * their stored response is sealed under the key (DESIGN decision 10); extend keys are scoped to the inbox.
  */
 import { addSeconds, type Clock } from './clock.ts';
-import { ServiceError, unauthorized } from './errors.ts';
+import { inboxCancelled, ServiceError, unauthorized } from './errors.ts';
 import { newInboxId, newOwnerCredential, newReaderCredential } from './ids.ts';
 import { type InboxStatus, presentInboxStatus } from './inbox-status.ts';
 import { usageInstant } from './lifecycle.ts';
@@ -143,6 +143,7 @@ export class InboxService {
       (inbox, usage) => presentInboxStatus(inbox, usage, now, this.#settings.mailDomain),
     );
     if (result.kind === 'expired') throw inboxExpired();
+    if (result.kind === 'cancelled') throw inboxCancelled(result.cancelledAt);
     return { body: result.response as InboxStatus, replayed: result.kind === 'replayed' };
   }
 
@@ -150,8 +151,9 @@ export class InboxService {
   async setSenderDomains(caller: Caller, senderDomains: string[]): Promise<InboxStatus> {
     const now = this.#clock.now();
     const updated = await this.#store.setSenderDomains(caller.inbox.inboxId, senderDomains, now);
-    if (updated === 'expired') throw inboxExpired();
-    return this.status(updated);
+    if (updated.kind === 'expired') throw inboxExpired();
+    if (updated.kind === 'cancelled') throw inboxCancelled(updated.cancelledAt);
+    return this.status(updated.inbox);
   }
 
   /** Operator action: cancel for abuse. Returns false when no such inbox exists. */

@@ -54,8 +54,9 @@ export interface InboxStore {
   /** Messages held at `asOf`: in flight, stored and downloaded ones not yet deleted at that instant. */
   usage(inboxId: string, asOf: Date): Promise<Usage>;
   /**
-   * Adds `seconds` to expires_at unless it has passed, recording the response under the key if one is
-   * given. A key already recorded for this inbox returns its stored response and changes nothing.
+   * Adds `seconds` to expires_at unless it has passed or the inbox is cancelled (a cancel that commits
+   * after the caller's credential check wins), recording the response under the key if one is given.
+   * A key already recorded for this inbox returns its stored response and changes nothing.
    */
   extend(
     inboxId: string,
@@ -63,9 +64,19 @@ export interface InboxStore {
     now: Date,
     key: Buffer | undefined,
     respond: (inbox: InboxRecord, usage: Usage) => unknown,
-  ): Promise<{ kind: 'extended' | 'replayed'; response: unknown } | { kind: 'expired' }>;
-  /** Replaces the list unless the inbox has expired. */
-  setSenderDomains(inboxId: string, domains: string[], now: Date): Promise<InboxRecord | 'expired'>;
+  ): Promise<
+    | { kind: 'extended' | 'replayed'; response: unknown }
+    | { kind: 'expired' }
+    | { kind: 'cancelled'; cancelledAt: Date }
+  >;
+  /** Replaces the list unless the inbox has expired or is cancelled. */
+  setSenderDomains(
+    inboxId: string,
+    domains: string[],
+    now: Date,
+  ): Promise<
+    { kind: 'updated'; inbox: InboxRecord } | { kind: 'expired' } | { kind: 'cancelled'; cancelledAt: Date }
+  >;
   /**
    * The inbox a delivery is for, with the bytes its quota holds at `asOf` (in flight, stored and
    * downloaded messages not yet deleted), and which of `senderDomains` are opted out, read together

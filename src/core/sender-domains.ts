@@ -27,8 +27,14 @@ export function normalizeSenderDomains(value: unknown, field = 'sender_domains')
   if (!Array.isArray(value)) throw invalidRequest(field, `${field} must be an array of domain names.`);
   if (value.length > MAX_SENDER_DOMAINS) throw outOfBounds(field, 0, MAX_SENDER_DOMAINS, value.length);
   value.forEach((entry, index) => {
-    if (typeof entry !== 'string' || !isDomainName(entry)) {
-      throw invalidRequest(field, `${field}[${index}] ${JSON.stringify(entry)} is not a domain name.`);
+    if (typeof entry !== 'string') {
+      // Not echoed: an entry may be any JSON value, nested thousands deep.
+      const kind = entry === null ? 'null' : Array.isArray(entry) ? 'an array' : `a ${typeof entry}`;
+      throw invalidRequest(field, `${field}[${index}] is ${kind}, not a domain name.`);
+    }
+    if (!isDomainName(entry)) {
+      const shown = entry.length > 80 ? `${entry.slice(0, 80)}...` : entry;
+      throw invalidRequest(field, `${field}[${index}] ${JSON.stringify(shown)} is not a domain name.`);
     }
   });
   const normalized = (value as string[]).map((d) => (d.endsWith('.') ? d.slice(0, -1) : d).toLowerCase());

@@ -39,7 +39,8 @@ export function requireObject(value: unknown, schema: TObject): Record<string, u
     throw invalidRequest('body', 'The request body must be a JSON object.');
   }
   for (const field of Object.keys(value)) {
-    if (!(field in schema.properties)) throw invalidRequest(field, `Unknown field "${field}".`);
+    // Own properties only: `in` would take `constructor` or `__proto__` for documented fields.
+    if (!Object.hasOwn(schema.properties, field)) throw invalidRequest(field, `Unknown field "${field}".`);
   }
   return value as Record<string, unknown>;
 }

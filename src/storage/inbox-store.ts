@@ -87,10 +87,20 @@ export class PgInboxStore implements InboxStore {
     now: Date,
     key: Buffer | undefined,
     respond: (inbox: InboxRecord, usage: Usage) => unknown,
-  ): Promise<{ kind: 'extended' | 'replayed'; response: unknown } | { kind: 'expired' }> {
+  ): Promise<
+    | { kind: 'extended' | 'replayed'; response: unknown }
+    | { kind: 'expired' }
+    | { kind: 'cancelled'; cancelledAt: Date }
+  > {
     return this.#db.transaction(async (client) => {
-      // The row lock serializes extends of one inbox, so two requests with one key cannot both apply.
-      await client.query('SELECT 1 FROM inboxes WHERE inbox_id = $1 FOR UPDATE', [inboxId]);
+      // The row lock serializes extends of one inbox, so two requests with one key cannot both apply,
+      // and orders an extend after a cancel holding the row: the cancel, once committed, wins.
+      const locked = await client.query<{ cancelled_at: Date | null }>(
+        'SELECT cancelled_at FROM inboxes WHERE inbox_id = $1 FOR UPDATE',
+        [inboxId],
+      );
+      const cancelledAt = locked.rows[0]?.cancelled_at;
+      if (cancelledAt) return { kind: 'cancelled' as const, cancelledAt };
       if (key) {
         const replay = await client.query(
           'SELECT response FROM extend_idempotency WHERE inbox_id = $1 AND key_hash = $2',
@@ -117,13 +127,29 @@ export class PgInboxStore implements InboxStore {
     });
   }
 
-  async setSenderDomains(inboxId: string, domains: string[], now: Date): Promise<InboxRecord | 'expired'> {
+  async setSenderDomains(
+    inboxId: string,
+    domains: string[],
+    now: Date,
+  ): Promise<
+    { kind: 'updated'; inbox: InboxRecord } | { kind: 'expired' } | { kind: 'cancelled'; cancelledAt: Date }
+  > {
+    // An update waiting on a cancel's row lock re-checks the row once the cancel commits.
     const [row] = await this.#db.rows<InboxRow>(
       'inbox-set-sender-domains',
-      `UPDATE inboxes i SET sender_domains = $2 WHERE inbox_id = $1 AND expires_at > $3 RETURNING ${INBOX_COLUMNS}`,
+      `UPDATE inboxes i SET sender_domains = $2
+       WHERE inbox_id = $1 AND expires_at > $3 AND cancelled_at IS NULL RETURNING ${INBOX_COLUMNS}`,
       [inboxId, domains, now],
     );
-    return row ? toInbox(row) : 'expired';
+    if (row) return { kind: 'updated', inbox: toInbox(row) };
+    const [missed] = await this.#db.rows<{ cancelled_at: Date | null }>(
+      'inbox-cancelled-at',
+      'SELECT cancelled_at FROM inboxes WHERE inbox_id = $1',
+      [inboxId],
+    );
+    return missed?.cancelled_at
+      ? { kind: 'cancelled', cancelledAt: missed.cancelled_at }
+      : { kind: 'expired' };
   }
 
   async findForDelivery(

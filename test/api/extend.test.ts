@@ -4,9 +4,11 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import pg from 'pg';
 import { TOKENS } from '../../src/container.ts';
 import type { InboxService, ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { expectError } from '../support/assertions.ts';
+import { duringCancel } from '../support/cancel-race.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 const UNIT = 3600;
@@ -131,6 +133,15 @@ test('extend with any field answers 400 invalid_request with details.field namin
   assert.equal(await expiresAt(inbox), Date.parse(inbox.expires_at));
 });
 
+test('extend with a field named like a built-in object property answers 400 naming it and does not extend', async () => {
+  const inbox = await h.provision();
+  for (const field of ['constructor', '__proto__', 'toString', 'hasOwnProperty', 'valueOf']) {
+    const response = await extend(inbox, { body: `{"${field}": {}}` });
+    assert.equal(expectError(response, 400, 'invalid_request').field, field);
+  }
+  assert.equal(await expiresAt(inbox), Date.parse(inbox.expires_at));
+});
+
 test('extend with a malformed Idempotency-Key answers 400 invalid_request with details.field Idempotency-Key', async () => {
   const inbox = await h.provision();
   for (const key of ['a key', '', 'k'.repeat(256), 'clé']) {
@@ -198,6 +209,19 @@ test('extend on a cancelled inbox answers 410 inbox_cancelled with details.reaso
     assert.equal(details.reason, 'abuse');
     assert.equal(details.cancelled_at, cancelledAt.toISOString());
   }
+});
+
+test('extend waiting on a cancel that commits first answers 410 inbox_cancelled and does not extend', async () => {
+  const inbox = await h.provision();
+  const cancelledAt = h.clock.now();
+  const response = await duringCancel(h.database.url, inbox.inbox_id, cancelledAt, () => extend(inbox));
+  const details = expectError(response, 410, 'inbox_cancelled');
+  assert.deepEqual(details, { reason: 'abuse', cancelled_at: cancelledAt.toISOString() });
+  const client = new pg.Client({ connectionString: h.database.url });
+  await client.connect();
+  const row = await client.query('SELECT expires_at FROM inboxes WHERE inbox_id = $1', [inbox.inbox_id]);
+  await client.end();
+  assert.equal(row.rows[0].expires_at.getTime(), Date.parse(inbox.expires_at));
 });
 
 test('extend replay with the same key returns the stored 200 with Idempotent-Replayed: true and extends only once', async () => {

@@ -109,6 +109,17 @@ test('a message with the null envelope sender and no From address lists from.add
   assert.deepEqual(message.from, { name: null, address: null });
 });
 
+test('HEAD on poll is no endpoint (404) and lists nothing: the first GET after it starts the timers', async () => {
+  const inbox = await h.provision();
+  await h.deliver(inbox.inbox_id, 'Subject: head\r\n\r\nhead\r\n');
+  const head = await h.api.request('HEAD', messagesPath(inbox), { token: inbox.credentials.reader });
+  assert.equal(head.status, 404);
+  h.clock.advance(600);
+  const body = (await poll(inbox)).json;
+  assert.equal(body.messages.length, 1);
+  assert.equal(body.messages[0].delete_after, plus(body.server_time, h.config.unclaimedSeconds));
+});
+
 test('messages are listed oldest first', async () => {
   const inbox = await h.provision();
   const ids: string[] = [];

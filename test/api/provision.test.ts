@@ -97,6 +97,13 @@ test('provision accepts every domain name form of section 2 and stores it lowerc
   }
 });
 
+test('provision with a field named like a built-in object property answers 400 invalid_request naming it', async () => {
+  for (const field of ['constructor', '__proto__', 'toString', 'hasOwnProperty', 'valueOf']) {
+    const details = expectError(await provision(`{"${field}": {"a": 1}}`), 400, 'invalid_request');
+    assert.equal(details.field, field);
+  }
+});
+
 test('provision with an entry that is not a domain name answers 400 invalid_request with details.field', async () => {
   for (const entry of INVALID_SENDER_DOMAINS) {
     const response = await provision({ sender_domains: ['fine.example', entry] });

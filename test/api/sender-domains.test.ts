@@ -7,6 +7,7 @@ import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import type { InboxService, ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { expectError, INVALID_SENDER_DOMAINS, VALID_SENDER_DOMAINS } from '../support/assertions.ts';
+import { duringCancel } from '../support/cancel-race.ts';
 import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
@@ -80,6 +81,29 @@ test('set sender domains with an entry that is not a domain name answers 400 inv
     assert.match(String(details.field), /^sender_domains/, JSON.stringify(entry));
   }
   assert.deepEqual(await listOf(inbox), ['kept.example']);
+});
+
+test('an entry nested thousands of arrays deep answers 400 invalid_request, and 401 first without a credential', async () => {
+  const inbox = await h.provision(['kept.example']);
+  const body = `{"sender_domains":[${'['.repeat(5000)}${']'.repeat(5000)}]}`;
+  const path = `/v1/inboxes/${inbox.inbox_id}/sender-domains`;
+  const response = await h.api.put(path, { token: inbox.credentials.owner, body });
+  assert.equal(expectError(response, 400, 'invalid_request').field, 'sender_domains');
+  expectError(await h.api.put(path, { body }), 401, 'unauthorized');
+  assert.deepEqual(await listOf(inbox), ['kept.example']);
+});
+
+test('set sender domains waiting on a cancel that commits first answers 410 inbox_cancelled; the list is unchanged', async () => {
+  const inbox = await h.provision(['kept.example']);
+  const cancelledAt = h.clock.now();
+  const response = await duringCancel(h.database.url, inbox.inbox_id, cancelledAt, () =>
+    put(inbox, { sender_domains: ['new.example'] }),
+  );
+  assert.deepEqual(expectError(response, 410, 'inbox_cancelled'), {
+    reason: 'abuse',
+    cancelled_at: cancelledAt.toISOString(),
+  });
+  assert.deepEqual((await h.inboxes.find(inbox.inbox_id))?.senderDomains, ['kept.example']);
 });
 
 test('set sender domains with a body that is not a JSON object answers 400 invalid_request', async () => {
