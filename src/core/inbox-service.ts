@@ -130,7 +130,6 @@ export class InboxService {
   }
 
   async extend(caller: Caller, idempotencyKey?: string): Promise<Replayable<InboxStatus>> {
-    const now = this.#clock.now();
     const keyHash =
       idempotencyKey === undefined
         ? undefined
@@ -138,9 +137,9 @@ export class InboxService {
     const result = await this.#store.extend(
       caller.inbox.inboxId,
       this.#settings.unitSeconds,
-      now,
+      () => this.#clock.now(),
       keyHash,
-      (inbox, usage) => presentInboxStatus(inbox, usage, now, this.#settings.mailDomain),
+      (inbox, usage, now) => presentInboxStatus(inbox, usage, now, this.#settings.mailDomain),
     );
     if (result.kind === 'expired') throw inboxExpired();
     if (result.kind === 'cancelled') throw inboxCancelled(result.cancelledAt);

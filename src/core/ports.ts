@@ -61,9 +61,10 @@ export interface InboxStore {
   extend(
     inboxId: string,
     seconds: number,
-    now: Date,
+    /** Read once the inbox row is locked: a wait for the lock does not leave the check with a stale time. */
+    clock: () => Date,
     key: Buffer | undefined,
-    respond: (inbox: InboxRecord, usage: Usage) => unknown,
+    respond: (inbox: InboxRecord, usage: Usage, now: Date) => unknown,
   ): Promise<
     | { kind: 'extended' | 'replayed'; response: unknown }
     | { kind: 'expired' }
@@ -332,12 +333,14 @@ export interface SweeperStore {
    */
   exclusively<T>(job: string, fn: () => Promise<T>): Promise<{ ran: true; value: T } | { ran: false }>;
   /**
-   * Marks deleted the messages (stored or in flight) of inboxes whose expires_at is before `now`, and
-   * frees their chunks. Reason `expired` and deleted_at `now` (after expires_at, so the expired inbox's
-   * final counts, read at expires_at, keep them); a message whose delete_after came first keeps that
-   * deletion (reason `downloaded` or `unclaimed`, deleted_at = delete_after).
+   * Marks deleted the messages (stored or in flight) of inboxes whose expires_at is before
+   * `expiredBefore` (at or before `now`), and frees their chunks. Reason `expired` and deleted_at `now`
+   * (after expires_at, so the expired inbox's final counts, read at expires_at, keep them); a message
+   * whose delete_after came first keeps that deletion (reason `downloaded` or `unclaimed`, deleted_at =
+   * delete_after). An inbox extended meanwhile (its expires_at no longer before `expiredBefore` when its
+   * batch is marked) keeps its messages.
    */
-  expireMessages(now: Date, limit: BatchLimit): Promise<Freed>;
+  expireMessages(now: Date, expiredBefore: Date, limit: BatchLimit): Promise<Freed>;
   /**
    * Marks deleted the stored messages whose delete_after is at or before `now` (reason `downloaded` if
    * downloaded, else `unclaimed`; deleted_at = delete_after) and frees their chunks.

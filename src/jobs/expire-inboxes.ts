@@ -8,12 +8,21 @@
  * (lifecycle.usageInstant, storage/usage.ts), so its final counts are the same before and after this job.
  * Readers already hide the messages from expires_at on (DESIGN decision 9), so no version is bumped.
  */
+import { addSeconds } from '../core/clock.ts';
 import { defineJob, type Job, type JobDeps } from './job.ts';
+
+/**
+ * An inbox is expired here only this long after its expires_at. An extend checks expires_at against
+ * the API host's clock once it holds the inbox row; a job host whose clock runs ahead by less than this
+ * cannot free the messages of an inbox such an extend keeps live. Readers hide them from expires_at on.
+ */
+export const EXPIRE_SETTLE_SECONDS = 60;
 
 export function expireInboxes(deps: JobDeps): Job {
   return defineJob('expire-inboxes', deps, async (run) => {
+    const expiredBefore = addSeconds(run.now, -EXPIRE_SETTLE_SECONDS);
     await run.repeat(async () => {
-      const freed = await deps.store.expireMessages(run.now, {
+      const freed = await deps.store.expireMessages(run.now, expiredBefore, {
         rows: run.limits.batchRows,
         bytes: run.limits.batchBytes,
       });

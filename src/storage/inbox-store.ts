@@ -84,9 +84,9 @@ export class PgInboxStore implements InboxStore {
   async extend(
     inboxId: string,
     seconds: number,
-    now: Date,
+    clock: () => Date,
     key: Buffer | undefined,
-    respond: (inbox: InboxRecord, usage: Usage) => unknown,
+    respond: (inbox: InboxRecord, usage: Usage, now: Date) => unknown,
   ): Promise<
     | { kind: 'extended' | 'replayed'; response: unknown }
     | { kind: 'expired' }
@@ -101,6 +101,8 @@ export class PgInboxStore implements InboxStore {
       );
       const cancelledAt = locked.rows[0]?.cancelled_at;
       if (cancelledAt) return { kind: 'cancelled' as const, cancelledAt };
+      // After the lock: an extend that waited behind the expiry job's batch must see its own time move.
+      const now = clock();
       if (key) {
         const replay = await client.query(
           'SELECT response FROM extend_idempotency WHERE inbox_id = $1 AND key_hash = $2',
@@ -116,7 +118,7 @@ export class PgInboxStore implements InboxStore {
       );
       const row = updated.rows[0];
       if (!row) return { kind: 'expired' as const };
-      const response = respond(toInbox(row), await this.usage(inboxId, now, client));
+      const response = respond(toInbox(row), await this.usage(inboxId, now, client), now);
       if (key) {
         await client.query(
           'INSERT INTO extend_idempotency (inbox_id, key_hash, response, created_at) VALUES ($1, $2, $3, $4)',

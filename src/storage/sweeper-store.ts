@@ -32,6 +32,19 @@ interface PickedRow {
 const purgeDue = (now: string, cutoff: string) =>
   `i.expires_at <= ${now} AND (i.expires_at <= ${cutoff} OR i.cancelled_at IS NOT NULL)`;
 
+/**
+ * The expiry sweep's pick: from the expired inboxes that still hold something (held_bytes counts every
+ * message not yet deleted), each through its own key. Expired inboxes wait for their purge with nothing
+ * but tombstones, and a join from messages walked the whole table to find none.
+ */
+export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
+  FROM inboxes i CROSS JOIN LATERAL (
+    SELECT inbox_id, message_id, size_bytes FROM messages
+    WHERE inbox_id = i.inbox_id AND state <> 'deleted'
+    LIMIT $2 FOR UPDATE SKIP LOCKED) m
+  WHERE i.expires_at < $1 AND i.held_bytes > 0
+  LIMIT $2`;
+
 export class PgSweeperStore implements SweeperStore {
   readonly #db: Database;
 
@@ -82,23 +95,22 @@ export class PgSweeperStore implements SweeperStore {
     }
   }
 
-  async expireMessages(now: Date, limit: BatchLimit): Promise<Freed> {
+  async expireMessages(now: Date, expiredBefore: Date, limit: BatchLimit): Promise<Freed> {
     return this.#markAndFree(
-      `SELECT m.inbox_id, m.message_id, m.size_bytes
-       FROM inboxes i JOIN messages m ON m.inbox_id = i.inbox_id
-       WHERE i.expires_at < $1 AND m.state <> 'deleted'
-       LIMIT $2 FOR UPDATE OF m SKIP LOCKED`,
-      [now, limit.rows],
+      EXPIRE_PICK_SQL,
+      [expiredBefore, limit.rows],
       limit.bytes,
       // deleted_at after expires_at: the final counts, taken at expires_at (storage/usage.ts), keep them.
+      // The inbox is checked again: an extend that committed since the rows were picked wins.
       `UPDATE messages m SET state = 'deleted',
          deleted_reason = CASE WHEN m.delete_after <= i.expires_at
            THEN CASE WHEN m.downloaded_at IS NULL THEN 'unclaimed' ELSE 'downloaded' END ELSE 'expired' END,
          deleted_at = CASE WHEN m.delete_after <= i.expires_at THEN m.delete_after ELSE $3::timestamptz END
        FROM inboxes i, unnest($1::text[], $2::text[]) AS k (inbox_id, message_id)
        WHERE m.inbox_id = k.inbox_id AND m.message_id = k.message_id AND i.inbox_id = m.inbox_id
-       RETURNING m.size_bytes, m.deleted_reason`,
-      [now],
+         AND i.expires_at < $4
+       RETURNING m.inbox_id, m.message_id, m.size_bytes, m.deleted_reason`,
+      [now, expiredBefore],
     ).then(({ messages, bytes }) => ({ messages, bytes }));
   }
 
@@ -117,7 +129,7 @@ export class PgSweeperStore implements SweeperStore {
          deleted_reason = CASE WHEN m.downloaded_at IS NULL THEN 'unclaimed' ELSE 'downloaded' END
        FROM unnest($1::text[], $2::text[]) AS k (inbox_id, message_id)
        WHERE m.inbox_id = k.inbox_id AND m.message_id = k.message_id
-       RETURNING m.size_bytes, m.deleted_reason`,
+       RETURNING m.inbox_id, m.message_id, m.size_bytes, m.deleted_reason`,
       [],
     );
   }
@@ -139,18 +151,17 @@ export class PgSweeperStore implements SweeperStore {
       const keys = withinBytes(picked, maxBytes);
       const freed = { messages: 0, bytes: 0, downloaded: 0, unclaimed: 0 };
       if (keys.length === 0) return freed;
-      const inboxIds = keys.map((k) => k.inbox_id);
-      const messageIds = keys.map((k) => k.message_id);
-      const marked = await query<{ size_bytes: number; deleted_reason: string }>(client, mark, [
-        inboxIds,
-        messageIds,
+      const marked = await query<PickedRow & { deleted_reason: string }>(client, mark, [
+        keys.map((k) => k.inbox_id),
+        keys.map((k) => k.message_id),
         ...markValues,
       ]);
+      // Only what was marked: a mark statement may leave a picked row alone (expireMessages).
       await query(
         client,
         `DELETE FROM message_chunks c USING unnest($1::text[], $2::text[]) AS k (inbox_id, message_id)
          WHERE c.inbox_id = k.inbox_id AND c.message_id = k.message_id`,
-        [inboxIds, messageIds],
+        [marked.map((m) => m.inbox_id), marked.map((m) => m.message_id)],
       );
       for (const row of marked) {
         freed.messages++;
@@ -301,7 +312,9 @@ export class PgSweeperStore implements SweeperStore {
     now: Date,
     limit: number,
   ): Promise<Freed & { inboxes: number }> {
-    // The usage changes: every inbox with a released reservation gets a new version, in this statement.
+    // The usage changes: the held-bytes trigger moves each inbox's version with its counter, locking the
+    // inbox rows in key order as a reservation does (an update of the rows here, in hash order, could
+    // deadlock with a reservation for two of them).
     const [row] = await this.#batch((client) =>
       query<{ messages: number; bytes: number; inboxes: number }>(
         client,
@@ -311,12 +324,9 @@ export class PgSweeperStore implements SweeperStore {
        released AS (
          UPDATE messages m SET state = 'deleted', deleted_reason = 'released', deleted_at = $2
          FROM due WHERE m.inbox_id = due.inbox_id AND m.message_id = due.message_id
-         RETURNING m.inbox_id, m.size_bytes),
-       bumped AS (
-         UPDATE inboxes SET version = version + 1 WHERE inbox_id IN (SELECT inbox_id FROM released)
-         RETURNING 1)
+         RETURNING m.inbox_id, m.size_bytes)
        SELECT count(*)::int AS messages, coalesce(sum(size_bytes), 0)::int8 AS bytes,
-         (SELECT count(*) FROM bumped)::int AS inboxes
+         count(DISTINCT inbox_id)::int AS inboxes
        FROM released`,
         [reservedBefore, now, limit],
       ),

@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
 import type { JobReport } from '../../src/jobs/job.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverMany, footprint, scalar, testJobs } from '../support/jobs.ts';
@@ -65,7 +66,7 @@ test('10,000 expired messages are swept in bounded batches without holding up de
   const jobs = testJobs(h);
   const before = await scalar(h, 'SELECT count(*) FROM message_chunks');
   assert.ok(before >= MESSAGES);
-  h.clock.advance(h.config.unitSeconds + 1);
+  h.clock.advance(h.config.unitSeconds + EXPIRE_SETTLE_SECONDS + 1);
 
   const expiry = await whileDelivering(() => jobs.run('expire-inboxes'));
   process.stdout.write(

@@ -5,10 +5,15 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import pg from 'pg';
 import { newMessageId } from '../../src/core/ids.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import { type Harness, startHarness } from '../support/harness.ts';
+import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
+import { expectError } from '../support/assertions.ts';
+import { FakeClock } from '../support/clock.ts';
+import { type ApiResponse, type Harness, startHarness } from '../support/harness.ts';
 import { footprint, scalar, testJobs } from '../support/jobs.ts';
+import { untilWaiting } from '../support/lock-waits.ts';
 
 let h: Harness;
 before(async () => {
@@ -61,7 +66,7 @@ test('at expires_at every message is deleted with reason expired, its content fr
   assert.equal(final.message_count, 3);
   assert.equal(final.quota_used_bytes, b.length + c.length + 500);
 
-  advanceTo(inbox.expires_at);
+  advanceTo(inbox.expires_at, EXPIRE_SETTLE_SECONDS);
   const expired = await status(inbox);
   assert.equal(expired.state, 'expired');
   assert.equal(expired.message_count, final.message_count);
@@ -93,7 +98,7 @@ test('at expires_at every message is deleted with reason expired, its content fr
   h.clock.advance(h.config.downloadGraceSeconds);
   await jobs.sweep();
   assert.deepEqual(await status(inbox), expired);
-  h.clock.advance(h.config.purgeAfterSeconds - h.config.downloadGraceSeconds - 2);
+  h.clock.advance(h.config.purgeAfterSeconds - h.config.downloadGraceSeconds - EXPIRE_SETTLE_SECONDS - 2);
   await jobs.sweep();
   assert.deepEqual(await status(inbox), expired);
 
@@ -109,7 +114,7 @@ test('expire-inboxes logs one line per run with its counts, and a second run doe
   const jobs = testJobs(h);
   const inbox = await h.provision();
   for (let i = 0; i < 3; i++) await h.deliver(inbox.inbox_id, `Subject: ${i}\r\n\r\n0123456789\r\n`);
-  advanceTo(inbox.expires_at, 1);
+  advanceTo(inbox.expires_at, EXPIRE_SETTLE_SECONDS + 1);
   const first = await jobs.run('expire-inboxes');
   assert.equal(first.counts.messages, 3);
   const [line] = jobs.lines;
@@ -130,7 +135,7 @@ test('expire-inboxes logs one line per run with its counts, and a second run doe
 test('expire-inboxes deletes in batches of SWEEP_BATCH_SIZE and stops at its cap; the next run carries on', async () => {
   const inbox = await h.provision();
   for (let i = 0; i < 25; i++) await h.deliver(inbox.inbox_id, `Subject: ${i}\r\n\r\nbody ${i}\r\n`);
-  advanceTo(inbox.expires_at, 1);
+  advanceTo(inbox.expires_at, EXPIRE_SETTLE_SECONDS + 1);
 
   const capped = testJobs(h, { batchRows: 10, maxBatches: 2 });
   const first = await capped.run('expire-inboxes');
@@ -150,7 +155,7 @@ test('expire-inboxes frees at most its byte bound of content per statement, but 
   const inbox = await h.provision();
   const big = Buffer.alloc(300 * 1024, 0x61);
   for (let i = 0; i < 3; i++) await h.deliver(inbox.inbox_id, big);
-  advanceTo(inbox.expires_at, 1);
+  advanceTo(inbox.expires_at, EXPIRE_SETTLE_SECONDS + 1);
   const jobs = testJobs(h, { batchRows: 100, batchBytes: 400 * 1024 });
   const report = await jobs.run('expire-inboxes');
   assert.equal(report.counts.messages, 3);
@@ -161,7 +166,7 @@ test('expire-inboxes frees at most its byte bound of content per statement, but 
 test('a run asked to stop makes no further batch and reports itself incomplete; the next run finishes', async () => {
   const inbox = await h.provision();
   for (let i = 0; i < 3; i++) await h.deliver(inbox.inbox_id, `Subject: ${i}\r\n\r\n${i}\r\n`);
-  advanceTo(inbox.expires_at, 1);
+  advanceTo(inbox.expires_at, EXPIRE_SETTLE_SECONDS + 1);
   const jobs = testJobs(h);
   const stopping = new AbortController();
   stopping.abort();
@@ -173,4 +178,51 @@ test('a run asked to stop makes no further batch and reports itself incomplete; 
   const next = await jobs.run('expire-inboxes');
   assert.equal(next.complete, true);
   assert.equal(next.counts.messages, 3);
+});
+
+/** Holds the inbox row (as a delivery or another batch would) while `during` runs; then lets go. */
+async function holdingInbox(inboxId: string, during: () => Promise<void>): Promise<void> {
+  const holder = new pg.Client({ connectionString: h.database.url });
+  await holder.connect();
+  try {
+    await holder.query('BEGIN');
+    await holder.query('SELECT 1 FROM inboxes WHERE inbox_id = $1 FOR UPDATE', [inboxId]);
+    await during();
+    await holder.query('COMMIT');
+  } finally {
+    await holder.end();
+  }
+}
+
+test('an extend that waited while the expiry passed answers 409 and the mail goes; one within the settle time keeps its mail', async () => {
+  const extend = (inbox: ProvisionedInbox) =>
+    h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, { token: inbox.credentials.owner });
+
+  // The extend is admitted 1 s before expiry and waits for the row; when it gets it, the expiry and the
+  // settle time have passed and the job has freed the mail: the extend must not revive the inbox.
+  const late = await h.provision();
+  await h.deliver(late.inbox_id, 'Subject: late\r\n\r\nlate\r\n');
+  advanceTo(late.expires_at, -1);
+  let lateAnswer: Promise<ApiResponse> | undefined;
+  await holdingInbox(late.inbox_id, async () => {
+    lateAnswer = extend(late);
+    await untilWaiting(h.database.url);
+    advanceTo(late.expires_at, EXPIRE_SETTLE_SECONDS + 1);
+  });
+  const swept = await testJobs(h).run('expire-inboxes');
+  assert.equal(swept.counts.messages, 1);
+  expectError(await (lateAnswer as Promise<ApiResponse>), 409, 'inbox_expired');
+  assert.equal((await status(late)).state, 'expired');
+
+  // The job host's clock 2 s past expiry, the API host's 1 s before it: the extend wins, the mail stays.
+  const kept = await h.provision();
+  const keptId = await h.deliver(kept.inbox_id, 'Subject: kept\r\n\r\nkept\r\n');
+  advanceTo(kept.expires_at, -1);
+  const jobHost = new FakeClock(new Date(Date.parse(kept.expires_at) + 2000));
+  assert.equal((await testJobs({ ...h, clock: jobHost }).run('expire-inboxes')).counts.messages, 0);
+  const extended = await extend(kept);
+  assert.equal(extended.status, 200, extended.text);
+  advanceTo(kept.expires_at, 10);
+  assert.equal((await status(kept)).state, 'live');
+  assert.equal((await download(kept, keptId)).status, 200);
 });

@@ -12,6 +12,7 @@ import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { LIST_EVENTS_SQL } from '../../src/storage/message-store.ts';
+import { EXPIRE_PICK_SQL } from '../../src/storage/sweeper-store.ts';
 import { USAGE_WHERE } from '../../src/storage/usage.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverMany, testJobs } from '../support/jobs.ts';
@@ -73,7 +74,7 @@ test('the poll listing still walks messages_position for its inbox, not a sweep 
   assert.match(listing, /Index Scan using messages_position on messages m/, listing);
   assert.doesNotMatch(
     listing,
-    /messages_delete_due|messages_deleted_at|messages_overdue|Seq Scan on messages/,
+    /messages_delete_due|messages_deleted_at|messages_overdue|messages_undeleted|Seq Scan on messages/,
     listing,
   );
 });
@@ -88,7 +89,7 @@ test('the usage count still reads one inbox through its own key', async () => {
   assert.match(usage, /Index Cond: \(inbox_id = \$1\)/, usage);
   assert.doesNotMatch(
     usage,
-    /messages_delete_due|messages_deleted_at|messages_overdue|Seq Scan on messages/,
+    /messages_delete_due|messages_deleted_at|messages_overdue|messages_undeleted|Seq Scan on messages/,
     usage,
   );
 });
@@ -111,6 +112,24 @@ test('delete-messages and drop-tombstones find their rows through their indexes'
     'custom',
   );
   assert.match(tombstones, /messages_deleted_at/, tombstones);
+});
+
+test('expire-inboxes reaches messages through the expired inboxes, never by scanning the messages table', async () => {
+  // Every inbox counted as expired: the pick must still walk each one's own key.
+  for (const mode of ['custom', 'generic'] as const) {
+    const pick = await plan(
+      EXPIRE_PICK_SQL,
+      ['timestamptz', 'int4'],
+      [new Date(Date.UTC(2100, 0)), 500],
+      mode,
+    );
+    assert.match(
+      pick,
+      /Index Scan (?:using|on) messages_undeleted[^\n]*\n\s+Index Cond: \(inbox_id = i\.inbox_id\)/,
+      pick,
+    );
+    assert.doesNotMatch(pick, /Seq Scan on messages/, pick);
+  }
 });
 
 test("the mail path's usage reads only the inbox's overdue messages, through messages_overdue", async () => {

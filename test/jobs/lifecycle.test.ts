@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
 import { footprint, scalar, testJobs } from '../support/jobs.ts';
 import { type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
 
@@ -18,7 +19,8 @@ before(async () => {
       DOWNLOAD_GRACE_SECONDS: '5',
       UNCLAIMED_SECONDS: '10',
       GONE_SECONDS: '10',
-      PURGE_AFTER_SECONDS: '20',
+      // Above EXPIRE_SETTLE_SECONDS, so the expired inbox is seen with its storage freed before the purge.
+      PURGE_AFTER_SECONDS: '90',
       REJECTION_RETENTION_SECONDS: '10',
       IDEMPOTENCY_TTL_SECONDS: '30',
       POLL_RATE_BURST: '100000',
@@ -107,7 +109,9 @@ test('provision, mail, poll, download, 410 downloaded or unclaimed, 404; expiry,
   );
   const held = (await get(inbox)).json;
   assert.equal(held.message_count, 1);
-  s.clock.advance((Date.parse(inbox.expires_at) - s.clock.now().getTime()) / 1000 + 1);
+  s.clock.advance(
+    (Date.parse(inbox.expires_at) - s.clock.now().getTime()) / 1000 + EXPIRE_SETTLE_SECONDS + 1,
+  );
   await sweep();
   const expiredPoll = (await get(inbox, '/messages')).json;
   assert.equal(expiredPoll.inbox.state, 'expired');
@@ -122,7 +126,7 @@ test('provision, mail, poll, download, 410 downloaded or unclaimed, 404; expiry,
   );
 
   // PURGE_AFTER_SECONDS after expiry: 401 and no such inbox; nothing of it is left.
-  s.clock.advance(20);
+  s.clock.advance(90 - EXPIRE_SETTLE_SECONDS - 1);
   await sweep();
   assert.equal((await get(inbox)).status, 401);
   const unknown = await send(inbox, 'after the purge');

@@ -5,15 +5,19 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import pg from 'pg';
 import type { DependencyContainer } from 'tsyringe';
 import { buildContainer, TOKENS } from '../../src/container.ts';
+import { newMessageId } from '../../src/core/ids.ts';
 import type { SweeperStore } from '../../src/core/ports.ts';
+import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
 import { defineJob, type JobReport } from '../../src/jobs/job.ts';
 import { sweepLimits } from '../../src/jobs/jobs.ts';
 import type { LogLine } from '../../src/log.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
-import { deliverMany, footprint, testJobs } from '../support/jobs.ts';
+import { deliverMany, footprint, scalar, testJobs } from '../support/jobs.ts';
+import { untilWaiting } from '../support/lock-waits.ts';
 
 let h: Harness;
 let other: DependencyContainer;
@@ -31,7 +35,7 @@ const otherProcess = () => ({ container: other, clock: h.clock, config: h.config
 test('a job whose lock another process holds is skipped, logs that, and changes nothing', async () => {
   const inbox = await h.provision();
   await h.deliver(inbox.inbox_id, 'Subject: x\r\n\r\nx\r\n');
-  h.clock.advance(h.config.unitSeconds + 1);
+  h.clock.advance(h.config.unitSeconds + EXPIRE_SETTLE_SECONDS + 1);
   const jobs = testJobs(h);
   const held = other.resolve<SweeperStore>(TOKENS.SweeperStore);
 
@@ -109,4 +113,56 @@ test('a run that fails logs an error line with its counts so far and releases it
     .resolve<SweeperStore>(TOKENS.SweeperStore)
     .exclusively('failing-job', async () => 1);
   assert.deepEqual(again, { ran: true, value: 1 }, 'the lock was released');
+});
+
+test('release-reservations and a reservation for several inboxes, both waiting for one inbox row, do not deadlock', async () => {
+  // Eight inboxes, each with a reservation old enough to release. A session holds the first row (as a
+  // delivery does for a moment); a new reservation for all eight waits for it, and so does the job.
+  // Each must lock the rows in key order: the job once locked them in hash order, and then held a later
+  // row the reservation needed while it waited for the first (PostgreSQL: deadlock detected, after
+  // deadlock_timeout; in 7 of 8 runs with random inbox ids, the first row not being first in hash order).
+  const inboxes = [];
+  for (let i = 0; i < 8; i++) inboxes.push(await h.provision());
+  const ids = inboxes.map((inbox) => inbox.inbox_id).sort();
+  const reservedAt = h.clock.now();
+  for (const [i, inboxId] of ids.entries()) {
+    const reservation = { inboxId, messageId: newMessageId(), queueId: `OLD${i}`, sizeBytes: 100 };
+    assert.equal(
+      await h.messages.reserve({ ...reservation, envelopeFrom: 'old@example.com', now: reservedAt }),
+      'reserved',
+    );
+  }
+  h.clock.advance(h.config.reservationTtlSeconds + 1);
+
+  const holder = new pg.Client({ connectionString: h.database.url });
+  await holder.connect();
+  const reservations = ids.map((inboxId) => ({
+    inboxId,
+    messageId: newMessageId(),
+    queueId: 'NEW1',
+    sizeBytes: 100,
+    envelopeFrom: 'new@example.com',
+    now: h.clock.now(),
+  }));
+  let reserving: ReturnType<typeof h.messages.reserveAll> | undefined;
+  let releasing: Promise<JobReport> | undefined;
+  try {
+    await holder.query('BEGIN');
+    await holder.query('SELECT 1 FROM inboxes WHERE inbox_id = $1 FOR UPDATE', [ids[0]]);
+    reserving = h.messages.reserveAll(reservations);
+    await untilWaiting(h.database.url, 1);
+    releasing = testJobs(h).run('release-reservations');
+    await untilWaiting(h.database.url, 2);
+    await holder.query('COMMIT');
+  } finally {
+    // Ends the hold in every case: an open transaction would keep both waiting for good.
+    await holder.end();
+  }
+  assert.deepEqual(await reserving, { kind: 'reserved' });
+  const report = await (releasing as Promise<JobReport>);
+  assert.deepEqual(report.counts, { reservations: 8, bytes: 800, inboxes: 8 });
+  assert.equal(
+    await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'NEW1' AND state = 'in_flight'`),
+    8,
+  );
 });

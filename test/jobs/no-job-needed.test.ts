@@ -8,6 +8,7 @@ import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { RecipientAdmission } from '../../src/core/recipient-admission.ts';
+import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { footprint, testJobs } from '../support/jobs.ts';
 
@@ -92,7 +93,7 @@ test('at every step of an inbox life the answers are the contract’s before any
     ]);
     assert.match(seen.smtp, /inbox expired/);
   });
-  await step(1, (seen) => {
+  await step(EXPIRE_SETTLE_SECONDS + 1, (seen) => {
     assert.equal(seen.status[1].message_count, 1);
     assert.match(seen.smtp, /inbox expired/);
   });

@@ -108,7 +108,13 @@ test('each announced change is seen: cancel, extend, sender domains, purge, opt-
   assert.notEqual(cancelled?.inbox.cancelledAt, null);
 
   const before = (await lookup.find(b.inbox_id, names))?.inbox.expiresAt.getTime() ?? 0;
-  await h.inboxes.extend(b.inbox_id, 3600, h.clock.now(), undefined, () => ({}));
+  await h.inboxes.extend(
+    b.inbox_id,
+    3600,
+    () => h.clock.now(),
+    undefined,
+    () => ({}),
+  );
   const extended = await eventually(
     () => lookup.find(b.inbox_id, names),
     (found) => found?.inbox.expiresAt.getTime() === before + 3600_000,

@@ -4,6 +4,7 @@
  * once PostgreSQL shows the request waiting for it. What the request answers then is the race's result.
  */
 import pg from 'pg';
+import { untilWaiting } from './lock-waits.ts';
 
 export async function duringCancel<T>(
   databaseUrl: string,
@@ -21,16 +22,7 @@ export async function duringCancel<T>(
       cancelledAt,
     ]);
     const pending = request();
-    const deadline = Date.now() + 10_000;
-    for (;;) {
-      const waiting = await client.query(
-        `SELECT 1 FROM pg_stat_activity
-         WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'`,
-      );
-      if (waiting.rowCount) break;
-      if (Date.now() > deadline) throw new Error('the request never waited for the cancel');
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
+    await untilWaiting(databaseUrl);
     await client.query('COMMIT');
     return await pending;
   } finally {
