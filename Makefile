@@ -104,10 +104,10 @@ logs:
 	$(require-stack)
 	$(COMPOSE) logs -f --tail=100
 
-## ps: the stack's containers and their health
+## ps: the stack's containers and their health, the exited ones (migrate) too
 ps:
 	$(require-stack)
-	$(COMPOSE) ps
+	$(COMPOSE) ps -a
 
 # docker/compose.override.yaml, when present, holds this host's additions (docker/README.md).
 COMPOSE := docker compose -f docker/compose.yaml $(if $(wildcard docker/compose.override.yaml),-f docker/compose.override.yaml)

@@ -225,6 +225,11 @@ const BAD_VALUES: [string, string][] = [
   ['LOG_LEVEL', 'verbose'],
   ['LOG_LEVEL', 'INFO'],
   ['HEAP_FLAGS', 'no'],
+  ['AUTHSERV_ID', 'mx_1.example.com'],
+  ['AUTHSERV_ID', 'mx example.com'],
+  ['DATABASE_URL', 'postgres://inbox:ab/cd#x@postgres:5432/inbox'],
+  ['DATABASE_URL', 'inbox'],
+  ['DATABASE_URL', 'mysql://root@127.0.0.1/inbox'],
 ];
 
 test('a bad value of each variable is refused with a ConfigError naming that variable', () => {
@@ -237,6 +242,22 @@ test('a bad value of each variable is refused with a ConfigError naming that var
         error.message.startsWith(`${variable}: `),
       `${variable}=${JSON.stringify(value)}`,
     );
+  }
+});
+
+test('DATABASE_URL is checked without being echoed; socket and percent-encoded forms pass', () => {
+  const secret = 'postgres://inbox:s3cr#t@postgres:5432/inbox';
+  assert.throws(
+    () => loadConfig({ DATABASE_URL: secret }),
+    (e) => e instanceof ConfigError && /percent-encode/.test(e.message) && !e.message.includes('s3cr'),
+  );
+  for (const url of [
+    'postgres://inbox:s3cr%23t@postgres:5432/inbox',
+    'postgresql://postgres@127.0.0.1/inbox',
+    'postgres:///inbox?host=/var/run/postgresql',
+    'socket:/var/run/postgresql?db=inbox',
+  ]) {
+    assert.equal(loadConfig({ DATABASE_URL: url }).databaseUrl, url);
   }
 });
 

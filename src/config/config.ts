@@ -86,6 +86,34 @@ type Env = Record<string, string | undefined>;
 const positiveInt = Compile(Type.Integer({ minimum: 1 }));
 const nonNegativeInt = Compile(Type.Integer({ minimum: 0 }));
 
+/** A DNS host name (letters, digits, hyphens; dot-separated labels), as Postfix's myhostname must be. */
+export const HOST_NAME =
+  /^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
+
+function hostName(env: Env, name: string, fallback: string): string {
+  const value = text(env, name, fallback);
+  if (!HOST_NAME.test(value)) throw new ConfigError(name, `must be a host name (got "${value}")`);
+  return value;
+}
+
+/** A PostgreSQL connection URL; never echoed, since it may carry a password. */
+function databaseUrl(env: Env, name: string, fallback: string): string {
+  const value = text(env, name, fallback);
+  let parsed: URL;
+  try {
+    parsed = new URL(value);
+  } catch {
+    throw new ConfigError(
+      name,
+      'is not a valid URL (percent-encode characters such as / # ? @ : in the user name or password)',
+    );
+  }
+  if (!['postgres:', 'postgresql:', 'socket:'].includes(parsed.protocol)) {
+    throw new ConfigError(name, 'must be a postgres:// or postgresql:// URL');
+  }
+  return value;
+}
+
 function text(env: Env, name: string, fallback?: string): string {
   const value = env[name];
   if (value === undefined || value === '') {
@@ -221,7 +249,7 @@ export function loadConfig(env: Env = process.env): Config {
   const config: Config = {
     environment,
     provisioning,
-    databaseUrl: text(env, 'DATABASE_URL', 'postgres://postgres@127.0.0.1:5432/inbox'),
+    databaseUrl: databaseUrl(env, 'DATABASE_URL', 'postgres://postgres@127.0.0.1:5432/inbox'),
     apiHost,
     apiPort,
     publicBaseUrl: url(
@@ -251,7 +279,7 @@ export function loadConfig(env: Env = process.env): Config {
     policyListen: listen(env, 'POLICY_PORT', 10040),
     milterListen: listen(env, 'MILTER_PORT', 10041),
     lmtpListen: listen(env, 'LMTP_PORT', 10042),
-    authservId: text(env, 'AUTHSERV_ID', `mx.${mailDomain}`).toLowerCase(),
+    authservId: hostName(env, 'AUTHSERV_ID', `mx.${mailDomain}`).toLowerCase(),
     dnsServers: text(env, 'DNS_SERVERS', '-') === '-' ? [] : dnsServers(env.DNS_SERVERS as string),
     requirePtr: bool(env, 'REQUIRE_PTR', true),
     maxMessageBytes: integer(env, 'MAX_MESSAGE_BYTES', 26214400),

@@ -11,7 +11,7 @@
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Config, Listen } from '../config/config.ts';
+import { type Config, HOST_NAME, type Listen } from '../config/config.ts';
 
 /** The templates' directory: `<repo>/postfix`. */
 export const TEMPLATE_DIRECTORY = fileURLToPath(new URL('../../postfix/', import.meta.url));
@@ -82,8 +82,6 @@ function inetProtocols(settings: PostfixSettings): string {
   return settings.smtpHost === '*' || hosts.some((h) => h.includes(':')) ? 'all' : 'ipv4';
 }
 
-const HOSTNAME = /^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
-
 function directory(name: string, path: string): string {
   if (!isAbsolute(path)) throw new Error(`Postfix ${name} must be an absolute path (got "${path}")`);
   if (/[\s,]/.test(path))
@@ -93,7 +91,7 @@ function directory(name: string, path: string): string {
 
 /** Every placeholder value, by name (without braces). */
 export function placeholderValues(settings: PostfixSettings, dirs: PostfixDirs): Record<string, string> {
-  if (!HOSTNAME.test(settings.authservId)) {
+  if (!HOST_NAME.test(settings.authservId)) {
     throw new Error(
       `AUTHSERV_ID must be a host name to serve as Postfix's myhostname (got "${settings.authservId}")`,
     );

@@ -16,6 +16,7 @@ import { promisify } from 'node:util';
 import Type from 'typebox';
 import { Compile } from 'typebox/compile';
 import { type Listen, loadConfig } from '../../src/config/config.ts';
+import { renderPostfix } from '../../src/postfix/render.ts';
 import {
   buildPaths,
   COMPOSE_FILE,
@@ -288,8 +289,18 @@ describe('docker/compose.yaml', () => {
       assert.ok(services[target.host], `${target.host} is a service`);
       assert.equal(target.port, listening.port, `${variable}: Postfix connects where ${name} listens`);
     }
-    assert.equal(config.smtpHost, '0.0.0.0');
+    assert.equal(config.smtpHost, '*');
     assert.equal(config.smtpPort, 25);
+    // Every address of both families: 0.0.0.0 rendered inet_protocols = ipv4, and IPv6 senders got no answer.
+    const dirs = {
+      configDirectory: '/c',
+      queueDirectory: '/q',
+      dataDirectory: '/d',
+      maillogFile: '/l/maillog',
+    };
+    const { mainCf } = renderPostfix(config, dirs);
+    assert.match(mainCf, /^inet_interfaces = all$/m);
+    assert.match(mainCf, /^inet_protocols = all$/m);
     assert.equal(postfix.env_file, undefined, 'Postfix does not get docker/.env (SECRET_KEY)');
     assert.ok(!('SECRET_KEY' in (postfix.environment ?? {})));
     assert.ok(!('SECRET_KEY' in (service('postgres').environment ?? {})));
