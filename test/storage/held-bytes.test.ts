@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import { newMessageId } from '../../src/core/ids.ts';
+import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { USAGE_WHERE } from '../../src/storage/usage.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
@@ -162,7 +163,9 @@ test('the counter and the mail path usage agree with the usage rule through ever
   // Expiry marks the messages of several inboxes in one statement; the purge removes the rows.
   const d = await h.provision();
   await deliverMany(h, [b.inbox_id, d.inbox_id], 10, (i) => text(i));
-  h.clock.advance((new Date(d.expires_at).getTime() - h.clock.now().getTime()) / 1000 + 1);
+  h.clock.advance(
+    (new Date(d.expires_at).getTime() - h.clock.now().getTime()) / 1000 + EXPIRE_SETTLE_SECONDS + 1,
+  );
   await agree('expired, not yet swept');
   await jobs.run('expire-inboxes');
   now = await agree('expire-inboxes');
