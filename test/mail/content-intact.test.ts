@@ -83,6 +83,48 @@ test('from a client on Postfix own interface, nothing is rewritten, added, broke
   assert.doesNotMatch(await s.postfix.maillog(), /breaking line/);
 });
 
+test('header fields Postfix deletes by default, and a MIME part header it would cut, arrive as sent', async () => {
+  const inbox = await s.provision();
+  const boundary = 'b0undary';
+  // A part header field of 110,000 bytes: with MIME parsing on, cleanup cut it at 60,000, silently
+  // (the milter sees only the message header).
+  const partField = foldedField('X-Part-Big', 110_000);
+  const message = Buffer.from(
+    [
+      'From: Sender <sender@allowed.test>',
+      `To: ${inbox.address}`,
+      // message_drop_headers deleted these four by default.
+      'Return-Path: <sender@allowed.test>',
+      'Bcc: hidden@example.test',
+      'Content-Length: 5',
+      'Resent-Bcc: hidden-too@example.test',
+      'Subject: kept fields',
+      'MIME-Version: 1.0',
+      `Content-Type: multipart/mixed; boundary="${boundary}"`,
+      '',
+      `--${boundary}`,
+      'Content-Type: text/plain',
+      partField,
+      'X-After: 1',
+      '',
+      'part body',
+      `--${boundary}--`,
+      '',
+    ].join('\r\n'),
+  );
+  const replies = await s.send({ from: 'sender@allowed.test', to: [inbox.address], message });
+  assert.match(replies.end?.text ?? '', /^250 2\.0\.0 Ok: queued as \w+$/);
+  const token = inbox.credentials.reader;
+  const m = await onlyMessage(inbox.inbox_id, token);
+  const download = await s.api.get(m.url, { token });
+  assert.equal(download.status, 200);
+  assert.equal(m.size_bytes, download.bytes.length);
+  assert.ok(
+    download.bytes.subarray(download.bytes.length - message.length).equals(message),
+    'the message as sent',
+  );
+});
+
 test('a header field Postfix cuts (at 60,000 bytes, with a milter) is 552 5.3.4 at end of data, and nothing is kept', async () => {
   const inbox = await s.provision();
   const message = Buffer.from(
