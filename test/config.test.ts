@@ -255,6 +255,9 @@ test('DATABASE_URL is checked without being echoed; socket and percent-encoded f
     'postgres://inbox:s3cr%23t@postgres:5432/inbox',
     'postgresql://postgres@127.0.0.1/inbox',
     'postgres:///inbox?host=/var/run/postgresql',
+    'postgres://postgres@/postgres?host=/var/run/postgresql',
+    'postgresql://postgres@/inbox',
+    '/var/run/postgresql inbox',
     'socket:/var/run/postgresql?db=inbox',
   ]) {
     assert.equal(loadConfig({ DATABASE_URL: url }).databaseUrl, url);

@@ -96,20 +96,30 @@ function hostName(env: Env, name: string, fallback: string): string {
   return value;
 }
 
-/** A PostgreSQL connection URL; never echoed, since it may carry a password. */
+/**
+ * A PostgreSQL connection string in a form node-postgres reads: a URL (postgres:, postgresql: or
+ * socket:; like node-postgres, one with no host before its path, `postgres://user@/db`, is read as if
+ * it had one), or `/socket/dir database`. Never echoed, since it may carry a password.
+ */
 function databaseUrl(env: Env, name: string, fallback: string): string {
   const value = text(env, name, fallback);
-  let parsed: URL;
-  try {
-    parsed = new URL(value);
-  } catch {
+  if (value.startsWith('/')) return value;
+  const parse = (candidate: string) => {
+    try {
+      return new URL(candidate);
+    } catch {
+      return undefined;
+    }
+  };
+  const parsed = parse(value) ?? parse(value.replace('@/', '@localhost/'));
+  if (!parsed) {
     throw new ConfigError(
       name,
       'is not a valid URL (percent-encode characters such as / # ? @ : in the user name or password)',
     );
   }
   if (!['postgres:', 'postgresql:', 'socket:'].includes(parsed.protocol)) {
-    throw new ConfigError(name, 'must be a postgres:// or postgresql:// URL');
+    throw new ConfigError(name, 'must be a postgres://, postgresql:// or socket: URL');
   }
   return value;
 }

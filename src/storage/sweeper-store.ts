@@ -34,8 +34,10 @@ const purgeDue = (now: string, cutoff: string) =>
 
 /**
  * The expiry sweep's pick: from the expired inboxes that still hold something (held_bytes counts every
- * message not yet deleted), each through its own key. Expired inboxes wait for their purge with nothing
- * but tombstones, and a join from messages walked the whole table to find none.
+ * message not yet deleted), each through its own key (messages_undeleted). Expired inboxes wait for
+ * their purge with nothing but tombstones, and a join from messages walked the whole table to find
+ * none. The inbox rows are share-locked until the batch commits, and skipped while an extend holds
+ * one: an extend that comes after waits for the batch, then finds its inbox expired.
  */
 export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
   FROM inboxes i CROSS JOIN LATERAL (
@@ -43,7 +45,7 @@ export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
     WHERE inbox_id = i.inbox_id AND state <> 'deleted'
     LIMIT $2 FOR UPDATE SKIP LOCKED) m
   WHERE i.expires_at < $1 AND i.held_bytes > 0
-  LIMIT $2`;
+  LIMIT $2 FOR SHARE OF i SKIP LOCKED`;
 
 export class PgSweeperStore implements SweeperStore {
   readonly #db: Database;

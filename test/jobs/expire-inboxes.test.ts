@@ -199,7 +199,8 @@ test('an extend that waited while the expiry passed answers 409 and the mail goe
     h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, { token: inbox.credentials.owner });
 
   // The extend is admitted 1 s before expiry and waits for the row; when it gets it, the expiry and the
-  // settle time have passed and the job has freed the mail: the extend must not revive the inbox.
+  // settle time have passed: it must answer by its time then, not by the time it was admitted, or the
+  // sweep that runs next would free the mail of an inbox the extend had just kept live.
   const late = await h.provision();
   await h.deliver(late.inbox_id, 'Subject: late\r\n\r\nlate\r\n');
   advanceTo(late.expires_at, -1);
