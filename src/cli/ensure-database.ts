@@ -6,7 +6,12 @@ import pg from 'pg';
 import { ConfigError, loadConfig } from '../config/config.ts';
 
 async function main(): Promise<void> {
-  const url = new URL(loadConfig().databaseUrl);
+  const configured = loadConfig().databaseUrl;
+  const url = URL.canParse(configured) ? new URL(configured) : undefined;
+  if (!url?.pathname.slice(1)) {
+    process.stderr.write('ensure-database: DATABASE_URL names no database in a URL path; not creating one\n');
+    return;
+  }
   const name = decodeURIComponent(url.pathname.slice(1));
   const maintenance = new URL(url);
   maintenance.pathname = '/postgres';
@@ -26,5 +31,6 @@ async function main(): Promise<void> {
 main().catch((error: unknown) => {
   const message = error instanceof ConfigError ? `configuration error: ${error.message}` : String(error);
   process.stderr.write(`ensure-database: ${message}\n`);
-  process.exit(1);
+  // 78 (EX_CONFIG) for a bad variable, as every other entry point.
+  process.exit(error instanceof ConfigError ? 78 : 1);
 });
