@@ -140,6 +140,20 @@ export class MessageAdmission {
     return quota.verdict;
   }
 
+  /**
+   * Undoes an accept the MTA never received (the milter's connection was lost before the verdict went
+   * out, so Postfix answered the client 4xx and queued nothing): the message's reservations are
+   * released now, not RESERVATION_TTL_SECONDS later. Returns how many were released.
+   */
+  async withdraw(queueId: string, recipients: string[]): Promise<number> {
+    const inboxIds = recipients.flatMap((recipient) => {
+      const id = inboxIdOf(recipient, this.#settings.mailDomain);
+      return id ? [id] : [];
+    });
+    if (inboxIds.length === 0) return 0;
+    return this.#messages.withdrawReservations(queueId, [...new Set(inboxIds)], this.#clock.now());
+  }
+
   async #recordAll(
     facts: MessageFacts,
     targets: (InboxRecord | undefined)[],

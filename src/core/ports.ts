@@ -231,6 +231,11 @@ export interface MessageStore {
     reservations: Reservation[],
   ): Promise<{ kind: 'reserved' } | { kind: 'over_quota'; inboxIds: string[] }>;
   /**
+   * Releases (reason `released`) the reservations for `queueId` still in flight in these inboxes: only
+   * for a message the MTA did not queue (its accept never reached it). Returns how many were released.
+   */
+  withdrawReservations(queueId: string, inboxIds: string[], now: Date): Promise<number>;
+  /**
    * Streams the body into chunks and makes the message visible at the next event position, all in one
    * transaction. A queue id already stored for this inbox is a 'duplicate' and stores nothing.
    * The body iterable is consumed exactly once, chunk by chunk; memory is bounded by the chunk size.

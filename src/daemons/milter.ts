@@ -53,6 +53,7 @@ export async function startMilter(container: DependencyContainer, log: Log) {
       return {
         body: (chunk) => consumer.body(chunk),
         abort: () => consumer.abort(),
+        undelivered: () => consumer.undelivered(),
         end: async () => {
           const started = performance.now();
           try {

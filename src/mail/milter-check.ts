@@ -58,6 +58,7 @@ export class MilterCheck implements MilterHandler {
     stream.write(verified === headers ? headerBlock : blockOf(verified));
     // Nothing more to give: mailauth may work (DNS, DMARC) while the body is still arriving.
     if (!readsBody) stream.end();
+    let accepted = false;
 
     return {
       body: async (chunk) => {
@@ -75,10 +76,14 @@ export class MilterCheck implements MilterHandler {
           internetMessageId: firstValue(headers, 'message-id'),
           auth: verdict,
         });
+        accepted = decision.kind === 'accept';
         return { verdict: decision, edits: this.#edits(headers, verdict) };
       },
       abort: () => {
         stream.destroy();
+      },
+      undelivered: async () => {
+        if (accepted) await this.#admission.withdraw(envelope.queueId, envelope.recipients);
       },
     };
   }

@@ -65,6 +65,12 @@ export interface MessageConsumer {
   end(): Promise<{ verdict: Verdict; edits?: HeaderEdits }>;
   /** The transaction was aborted (SMFIC_ABORT, new MAIL, QUIT, connection lost) before end(). Must not throw. */
   abort(): void;
+  /**
+   * end() resolved, but its verdict never reached the MTA: the connection was lost first, or the
+   * verdict could not be sent (answered `t` instead). Postfix then applies milter_default_action and
+   * queues nothing, so whatever end() did for an accept may be undone. A rejection is logged.
+   */
+  undelivered(): Promise<void>;
 }
 
 export interface MilterHandler {

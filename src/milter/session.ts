@@ -315,19 +315,38 @@ export class MilterSession {
     }
     tx.settled = true;
     let reply: Buffer;
+    let ended = false;
     try {
-      reply = endOfMessageReply(await this.#withProgress(() => consumer.end(), true));
+      const answer = await this.#withProgress(() => consumer.end(), true);
+      ended = true;
+      reply = endOfMessageReply(answer);
     } catch (error) {
       this.#failed(tx, 'end', error);
       reply = encodeTempfail();
+      if (ended) this.#undelivered(tx, consumer);
     }
     if (this.#tx === tx) {
       this.#endTransaction();
     } else {
       const lost = { session: this.#id, queue_id: tx.queueId };
       this.#log({ level: 'warn', msg: 'milter connection lost before the verdict was sent', ...lost });
+      if (ended) this.#undelivered(tx, consumer);
     }
     return reply;
+  }
+
+  /** end() resolved but its verdict will not reach the MTA: the consumer may undo it (handler.ts). */
+  #undelivered(tx: Transaction, consumer: MessageConsumer): void {
+    consumer.undelivered().catch((error: unknown) => {
+      // What stays is left to the reservation clean-up job (RESERVATION_TTL_SECONDS).
+      this.#log({
+        level: 'error',
+        msg: 'milter could not undo a verdict that never reached the MTA',
+        session: this.#id,
+        queue_id: tx.queueId,
+        error: error instanceof Error ? error.stack : String(error),
+      });
+    });
   }
 
   /** Runs a consumer call; while it is pending and the MTA waits for our reply, keeps it waiting. */

@@ -78,6 +78,18 @@ export class PgMessageStore implements MessageStore {
     return outcome ?? 'over_quota';
   }
 
+  async withdrawReservations(queueId: string, inboxIds: string[], now: Date): Promise<number> {
+    // The held-bytes trigger frees the quota and moves each inbox's version, locking in key order.
+    const rows = await this.#db.rows<{ inbox_id: string }>(
+      'withdraw-reservations',
+      `UPDATE messages SET state = 'deleted', deleted_reason = 'released', deleted_at = $3
+       WHERE inbox_id = ANY ($1::text[]) AND queue_id = $2 AND state = 'in_flight'
+       RETURNING inbox_id`,
+      [inboxIds, queueId, now],
+    );
+    return rows.length;
+  }
+
   async reserveAll(
     reservations: Reservation[],
   ): Promise<{ kind: 'reserved' } | { kind: 'over_quota'; inboxIds: string[] }> {

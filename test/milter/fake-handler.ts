@@ -20,6 +20,7 @@ export interface Recorded {
   chunks: Buffer[];
   ended: number;
   aborted: number;
+  undelivered: number;
 }
 
 export class FakeHandler implements MilterHandler {
@@ -32,7 +33,7 @@ export class FakeHandler implements MilterHandler {
 
   beginMessage(envelope: MilterEnvelope, headers: MilterHeader[]): MessageConsumer {
     this.begin(envelope);
-    const message: Recorded = { envelope, headers, chunks: [], ended: 0, aborted: 0 };
+    const message: Recorded = { envelope, headers, chunks: [], ended: 0, aborted: 0, undelivered: 0 };
     this.messages.push(message);
     return {
       body: (chunk) => {
@@ -45,6 +46,9 @@ export class FakeHandler implements MilterHandler {
       },
       abort: () => {
         message.aborted++;
+      },
+      undelivered: async () => {
+        message.undelivered++;
       },
     };
   }

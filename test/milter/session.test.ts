@@ -340,6 +340,43 @@ describe('failures become tempfail', () => {
       handler.messages.map((m) => m.aborted),
       [0, 0],
     );
+    // The second end() resolved, but its verdict could not be sent: the consumer may undo it; the
+    // first never resolved, so there is nothing to undo.
+    assert.deepEqual(
+      handler.messages.map((m) => m.undelivered),
+      [0, 1],
+    );
+  });
+
+  test('a verdict the connection was lost before is undelivered; a verdict sent is not', async () => {
+    const { mta, handler, milter, logs } = await setup();
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    assert.deepEqual(await bodyAndEnd(mta, ['x\r\n']), ['c']);
+    assert.equal(handler.messages[0]?.undelivered, 0);
+
+    // Postfix gives up waiting (milter_content_timeout) while the verdict is being decided.
+    const other = await MtaClient.connect(milter.address);
+    clients.push(other);
+    await other.negotiate();
+    await envelope(other);
+    assert.equal(await headers(other, []), 'c');
+    let decided: () => void = () => {};
+    handler.end = () =>
+      new Promise((resolve) => {
+        decided = () => resolve({ verdict: ACCEPT });
+      });
+    other.macros('E', { i: QUEUE_ID });
+    other.eob();
+    await sleep(50);
+    other.close();
+    await sleep(50);
+    decided();
+    await sleep(50);
+    assert.equal(handler.messages[1]?.undelivered, 1);
+    assert.equal(handler.messages[1]?.aborted, 0);
+    assert.ok(logs.some((l) => l.msg === 'milter connection lost before the verdict was sent'));
   });
 });
 

@@ -1,0 +1,98 @@
+/**
+ * An accept that never reached Postfix (the milter's connection was lost while it decided, as when
+ * Postfix's milter_content_timeout fires): Postfix answered the client 4xx and queued nothing, so the
+ * quota the accept reserved is released at once, not RESERVATION_TTL_SECONDS later. A chaos run found
+ * such reservations held for six days, and a retry of the message counted twice against the quota.
+ * MilterCheck with the real MessageAdmission and PostgreSQL; mailauth answers from the test zone.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { TOKENS } from '../../src/container.ts';
+import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import type { MessageAdmission } from '../../src/core/message-admission.ts';
+import type { CachingLookup } from '../../src/mail/dns.ts';
+import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
+import { MilterCheck } from '../../src/mail/milter-check.ts';
+import type { MilterEnvelope, MilterHeader } from '../../src/milter/handler.ts';
+import { resolveInZone } from '../support/dns-zone.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
+import { scalar } from '../support/jobs.ts';
+
+let h: Harness;
+let check: MilterCheck;
+before(async () => {
+  await loadMailauth();
+  h = await startHarness();
+  const lookup = { resolve: resolveInZone } as unknown as CachingLookup;
+  check = new MilterCheck(
+    h.container.resolve<MessageAdmission>(TOKENS.MessageAdmission),
+    new MailauthAuthenticator(h.config.authservId, lookup),
+    h.config.authservId,
+  );
+});
+after(() => h.close());
+
+const headers: MilterHeader[] = [
+  { name: 'From', value: ' S <s@allowed.test>' },
+  { name: 'Subject', value: ' undelivered' },
+];
+
+async function decided(inbox: ProvisionedInbox, queueId: string, recipients = [inbox.address]) {
+  const envelope: MilterEnvelope = {
+    queueId,
+    clientAddress: '127.0.0.3',
+    clientName: 'mail.sender.test',
+    helo: 'mail.sender.test',
+    envelopeFrom: 's@allowed.test',
+    mailArgs: [],
+    recipients,
+    macros: new Map(),
+  };
+  const consumer = check.beginMessage(envelope, headers);
+  await consumer.body(Buffer.from('body\r\n'));
+  return { consumer, answer: await consumer.end() };
+}
+
+const used = async (inbox: ProvisionedInbox): Promise<number> =>
+  (await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.owner })).json
+    .quota_used_bytes;
+
+test('an accept that never reached the MTA releases its reservation in every inbox at once', async () => {
+  const a = await h.provision();
+  const b = await h.provision();
+  const { consumer, answer } = await decided(a, 'QLOST1', [a.address, b.address]);
+  assert.equal(answer.verdict.kind, 'accept');
+  const reserved = await used(a);
+  assert.ok(reserved > 0, 'the accept reserved quota');
+  assert.equal(await used(b), reserved);
+
+  await consumer.undelivered();
+  assert.deepEqual([await used(a), await used(b)], [0, 0]);
+  assert.equal(
+    await scalar(
+      h,
+      `SELECT count(*) FROM messages WHERE queue_id = 'QLOST1' AND state = 'deleted' AND deleted_reason = 'released'`,
+    ),
+    2,
+  );
+});
+
+test('a delivered accept keeps its reservation; undoing a refusal or a stored message changes nothing', async () => {
+  const inbox = await h.provision();
+  await decided(inbox, 'QKEPT1');
+  const reserved = await used(inbox);
+  assert.ok(reserved > 0);
+
+  // Stored by the receiver meanwhile: no longer in flight, so nothing is released.
+  const stored = await decided(inbox, 'QSTORED1');
+  await h.deliver(inbox.inbox_id, 'Subject: stored\r\n\r\nbody\r\n', { queueId: 'QSTORED1' });
+  const withStored = await used(inbox);
+  await stored.consumer.undelivered();
+  assert.equal(await used(inbox), withStored);
+
+  await h.inboxes.cancel(inbox.inbox_id, h.clock.now());
+  const refused = await decided(inbox, 'QREFUSED1');
+  assert.equal(refused.answer.verdict.kind, 'reject');
+  await refused.consumer.undelivered();
+  assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QREFUSED1'`), 0);
+});
