@@ -16,7 +16,7 @@ import type { LifecycleSettings } from './lifecycle.ts';
 import { inboxIdOf } from './mail-address.ts';
 import type { InboxRecord } from './model.ts';
 import { OptOuts } from './opt-outs.ts';
-import type { AuthVerdict, InboxStore, MessageStore } from './ports.ts';
+import type { AuthVerdict, InboxStore, MessageKey, MessageStore } from './ports.ts';
 import { domainAndParents } from './sender-domains.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
 import { ACCEPT, type Refusal, type Verdict } from './verdict.ts';
@@ -69,8 +69,11 @@ export class MessageAdmission {
     this.#settings = settings;
   }
 
-  /** The verdict for the whole message; on accept, it is reserved in every recipient inbox. */
-  async admit(facts: MessageFacts): Promise<Verdict> {
+  /**
+   * The verdict for the whole message; on accept, it is reserved in every recipient inbox, and
+   * `reserved` is told the reservations this call made (for withdraw()).
+   */
+  async admit(facts: MessageFacts, reserved?: (keys: MessageKey[]) => void): Promise<Verdict> {
     const now = this.#clock.now();
     if (facts.sizeBytes > this.#settings.maxMessageBytes) return this.#replies.messageTooBig;
     const { auth } = facts;
@@ -118,18 +121,21 @@ export class MessageAdmission {
       RECEIVED_ALLOWANCE_BYTES;
     // Every recipient was accepted above, so every inbox exists.
     const inboxIds = [...new Set(targets.map((target) => (target as InboxRecord).inboxId))];
-    const reserved = await this.#messages.reserveAll(
-      inboxIds.map((inboxId) => ({
-        inboxId,
-        messageId: newMessageId(),
-        queueId: facts.queueId,
-        sizeBytes: reservedBytes,
-        envelopeFrom: facts.envelopeFrom,
-        now,
-      })),
-    );
-    if (reserved.kind === 'reserved') return ACCEPT;
-    if (reserved.inboxIds.length < inboxIds.length) {
+    const reservations = inboxIds.map((inboxId) => ({
+      inboxId,
+      messageId: newMessageId(),
+      queueId: facts.queueId,
+      sizeBytes: reservedBytes,
+      envelopeFrom: facts.envelopeFrom,
+      now,
+    }));
+    const outcome = await this.#messages.reserveAll(reservations);
+    if (outcome.kind === 'reserved') {
+      // A queue id already reserved in an inbox keeps that row; withdrawing these ids leaves it alone.
+      reserved?.(reservations.map(({ inboxId, messageId }) => ({ inboxId, messageId })));
+      return ACCEPT;
+    }
+    if (outcome.inboxIds.length < inboxIds.length) {
       return this.#replies.recipientsDisagree;
     }
     const quota: Outcome = {
@@ -142,16 +148,11 @@ export class MessageAdmission {
 
   /**
    * Undoes an accept the MTA never received (the milter's connection was lost before the verdict went
-   * out, so Postfix answered the client 4xx and queued nothing): the message's reservations are
-   * released now, not RESERVATION_TTL_SECONDS later. Returns how many were released.
+   * out, so Postfix answered the client 4xx and queued nothing): the reservations admit() made are
+   * removed now, not RESERVATION_TTL_SECONDS later. Returns how many were removed.
    */
-  async withdraw(queueId: string, recipients: string[]): Promise<number> {
-    const inboxIds = recipients.flatMap((recipient) => {
-      const id = inboxIdOf(recipient, this.#settings.mailDomain);
-      return id ? [id] : [];
-    });
-    if (inboxIds.length === 0) return 0;
-    return this.#messages.withdrawReservations(queueId, [...new Set(inboxIds)], this.#clock.now());
+  withdraw(keys: MessageKey[]): Promise<number> {
+    return keys.length === 0 ? Promise.resolve(0) : this.#messages.withdrawReservations(keys);
   }
 
   async #recordAll(

@@ -231,10 +231,12 @@ export interface MessageStore {
     reservations: Reservation[],
   ): Promise<{ kind: 'reserved' } | { kind: 'over_quota'; inboxIds: string[] }>;
   /**
-   * Releases (reason `released`) the reservations for `queueId` still in flight in these inboxes: only
-   * for a message the MTA did not queue (its accept never reached it). Returns how many were released.
+   * Removes these reservations if they are still in flight: only for a message the MTA did not queue
+   * (its accept never reached it). The rows are deleted, not kept as tombstones, so that should the
+   * MTA deliver the message after all, the receiver stores it as a delivery without a reservation
+   * rather than taking it for one already handled. Returns how many were removed.
    */
-  withdrawReservations(queueId: string, inboxIds: string[], now: Date): Promise<number>;
+  withdrawReservations(keys: MessageKey[]): Promise<number>;
   /**
    * Streams the body into chunks and makes the message visible at the next event position, all in one
    * transaction. A queue id already stored for this inbox is a 'duplicate' and stores nothing.

@@ -12,7 +12,7 @@ import { once } from 'node:events';
 import { PassThrough } from 'node:stream';
 import { authservIdOf } from '../core/authentication-results.ts';
 import type { MessageAdmission } from '../core/message-admission.ts';
-import type { Authenticator, AuthVerdict } from '../core/ports.ts';
+import type { Authenticator, AuthVerdict, MessageKey } from '../core/ports.ts';
 import type {
   HeaderEdits,
   MessageConsumer,
@@ -58,7 +58,7 @@ export class MilterCheck implements MilterHandler {
     stream.write(verified === headers ? headerBlock : blockOf(verified));
     // Nothing more to give: mailauth may work (DNS, DMARC) while the body is still arriving.
     if (!readsBody) stream.end();
-    let accepted = false;
+    let reserved: MessageKey[] = [];
 
     return {
       body: async (chunk) => {
@@ -68,22 +68,26 @@ export class MilterCheck implements MilterHandler {
       end: async () => {
         if (readsBody) stream.end();
         const verdict = await auth;
-        const decision = await this.#admission.admit({
-          queueId: envelope.queueId,
-          envelopeFrom: envelope.envelopeFrom,
-          recipients: envelope.recipients,
-          sizeBytes,
-          internetMessageId: firstValue(headers, 'message-id'),
-          auth: verdict,
-        });
-        accepted = decision.kind === 'accept';
+        const decision = await this.#admission.admit(
+          {
+            queueId: envelope.queueId,
+            envelopeFrom: envelope.envelopeFrom,
+            recipients: envelope.recipients,
+            sizeBytes,
+            internetMessageId: firstValue(headers, 'message-id'),
+            auth: verdict,
+          },
+          (keys) => {
+            reserved = keys;
+          },
+        );
         return { verdict: decision, edits: this.#edits(headers, verdict) };
       },
       abort: () => {
         stream.destroy();
       },
       undelivered: async () => {
-        if (accepted) await this.#admission.withdraw(envelope.queueId, envelope.recipients);
+        await this.#admission.withdraw(reserved);
       },
     };
   }

@@ -315,7 +315,9 @@ export class MilterSession {
     }
     tx.settled = true;
     let reply: Buffer;
+    // end() resolved, and its verdict is not the reply: the consumer may undo it (handler.ts).
     let ended = false;
+    let replaced = false;
     try {
       const answer = await this.#withProgress(() => consumer.end(), true);
       ended = true;
@@ -323,15 +325,16 @@ export class MilterSession {
     } catch (error) {
       this.#failed(tx, 'end', error);
       reply = encodeTempfail();
-      if (ended) this.#undelivered(tx, consumer);
+      replaced = ended;
     }
     if (this.#tx === tx) {
       this.#endTransaction();
     } else {
       const lost = { session: this.#id, queue_id: tx.queueId };
       this.#log({ level: 'warn', msg: 'milter connection lost before the verdict was sent', ...lost });
-      if (ended) this.#undelivered(tx, consumer);
+      replaced = ended;
     }
+    if (replaced) this.#undelivered(tx, consumer);
     return reply;
   }
 

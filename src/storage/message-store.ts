@@ -5,7 +5,14 @@
 import { to as copyTo } from 'pg-copy-streams';
 import { newMessageId } from '../core/ids.ts';
 import type { InboxEvent, MessageRecord, RejectionReason } from '../core/model.ts';
-import type { Delivery, ListWindow, MessageStore, RejectionInput, Reservation } from '../core/ports.ts';
+import type {
+  Delivery,
+  ListWindow,
+  MessageKey,
+  MessageStore,
+  RejectionInput,
+  Reservation,
+} from '../core/ports.ts';
 import { parseBinaryCopy } from './copy-binary.ts';
 import { copyChunks } from './copy-chunks.ts';
 import type { Database } from './database.ts';
@@ -78,14 +85,15 @@ export class PgMessageStore implements MessageStore {
     return outcome ?? 'over_quota';
   }
 
-  async withdrawReservations(queueId: string, inboxIds: string[], now: Date): Promise<number> {
-    // The held-bytes trigger frees the quota and moves each inbox's version, locking in key order.
+  async withdrawReservations(keys: MessageKey[]): Promise<number> {
+    // The held-bytes trigger frees the quota and moves each inbox's version, locking in key order. A
+    // delivery storing the message holds its row; once it commits, the row is no longer in flight.
     const rows = await this.#db.rows<{ inbox_id: string }>(
       'withdraw-reservations',
-      `UPDATE messages SET state = 'deleted', deleted_reason = 'released', deleted_at = $3
-       WHERE inbox_id = ANY ($1::text[]) AND queue_id = $2 AND state = 'in_flight'
-       RETURNING inbox_id`,
-      [inboxIds, queueId, now],
+      `DELETE FROM messages m USING unnest($1::text[], $2::text[]) AS k (inbox_id, message_id)
+       WHERE m.inbox_id = k.inbox_id AND m.message_id = k.message_id AND m.state = 'in_flight'
+       RETURNING m.inbox_id`,
+      [keys.map((k) => k.inboxId), keys.map((k) => k.messageId)],
     );
     return rows.length;
   }

@@ -377,6 +377,41 @@ describe('failures become tempfail', () => {
     assert.equal(handler.messages[1]?.undelivered, 1);
     assert.equal(handler.messages[1]?.aborted, 0);
     assert.ok(logs.some((l) => l.msg === 'milter connection lost before the verdict was sent'));
+
+    // Lost while end() is pending, and end() then fails: it made nothing to undo. Lost, and the verdict
+    // could not have been sent either: undone once, not twice.
+    for (const [end, expected] of [
+      [async () => Promise.reject(new Error('db down')), 0],
+      [
+        async () => ({
+          verdict: ACCEPT,
+          edits: { delete: [], insert: [{ index: 0, name: 'Bad Name', value: 'x' }] },
+        }),
+        1,
+      ],
+    ] as const) {
+      const client = await MtaClient.connect(milter.address);
+      clients.push(client);
+      await client.negotiate();
+      await envelope(client);
+      assert.equal(await headers(client, []), 'c');
+      let release: () => void = () => {};
+      const gate = new Promise<void>((resolve) => {
+        release = resolve;
+      });
+      handler.end = async () => {
+        await gate;
+        return end();
+      };
+      client.macros('E', { i: QUEUE_ID });
+      client.eob();
+      await sleep(50);
+      client.close();
+      await sleep(50);
+      release();
+      await sleep(50);
+      assert.equal(handler.messages.at(-1)?.undelivered, expected);
+    }
   });
 });
 
