@@ -371,9 +371,9 @@ describe('failures become tempfail', () => {
     other.eob();
     await sleep(50);
     other.close();
-    await sleep(50);
+    await sleep(100);
     decided();
-    await sleep(50);
+    for (let i = 0; i < 100 && handler.messages[1]?.undelivered !== 1; i++) await sleep(20);
     assert.equal(handler.messages[1]?.undelivered, 1);
     assert.equal(handler.messages[1]?.aborted, 0);
     assert.ok(logs.some((l) => l.msg === 'milter connection lost before the verdict was sent'));
@@ -403,13 +403,25 @@ describe('failures become tempfail', () => {
         await gate;
         return end();
       };
+      const lostBefore = logs.filter(
+        (l) => l.msg === 'milter connection lost before the verdict was sent',
+      ).length;
       client.macros('E', { i: QUEUE_ID });
       client.eob();
       await sleep(50);
       client.close();
-      await sleep(50);
+      await sleep(100);
       release();
-      await sleep(50);
+      // The session logs the loss once end() has settled, just before it would undo the verdict.
+      for (let i = 0; i < 100; i++) {
+        if (
+          logs.filter((l) => l.msg === 'milter connection lost before the verdict was sent').length >
+          lostBefore
+        )
+          break;
+        await sleep(20);
+      }
+      await sleep(20);
       assert.equal(handler.messages.at(-1)?.undelivered, expected);
     }
   });
