@@ -115,7 +115,7 @@ function databaseUrl(env: Env, name: string, fallback: string): string {
   if (!parsed) {
     throw new ConfigError(
       name,
-      'is not a valid URL (percent-encode characters such as / # ? @ : in the user name or password)',
+      'is not a valid URL (percent-encode / # ? % in the user name or password)',
     );
   }
   if (!['postgres:', 'postgresql:', 'socket:'].includes(parsed.protocol)) {
