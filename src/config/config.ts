@@ -113,10 +113,7 @@ function databaseUrl(env: Env, name: string, fallback: string): string {
   };
   const parsed = parse(value) ?? parse(value.replace('@/', '@localhost/'));
   if (!parsed) {
-    throw new ConfigError(
-      name,
-      'is not a valid URL (percent-encode / # ? % in the user name or password)',
-    );
+    throw new ConfigError(name, 'is not a valid URL (percent-encode / # ? % in the user name or password)');
   }
   if (!['postgres:', 'postgresql:', 'socket:'].includes(parsed.protocol)) {
     throw new ConfigError(name, 'must be a postgres://, postgresql:// or socket: URL');
