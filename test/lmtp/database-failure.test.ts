@@ -7,13 +7,13 @@
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
-import { DeliveryService } from '../../src/core/delivery-service.ts';
-import { type LmtpServer, startLmtpServer } from '../../src/lmtp/server.ts';
+import type { LmtpServer } from '../../src/lmtp/server.ts';
 import type { LogLine } from '../../src/log.ts';
 import { Database } from '../../src/storage/database.ts';
 import { PgMessageStore } from '../../src/storage/message-store.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverRaw, LmtpClient } from './lmtp-client.ts';
+import { startTestReceiver } from './test-receiver.ts';
 
 let h: Harness;
 const logs: LogLine[] = [];
@@ -34,18 +34,9 @@ const DEFERRED = '451 4.3.0 inbox.test: temporary failure storing the message, t
 async function receiverOver(databaseUrl: string): Promise<number> {
   const database = new Database(databaseUrl, 4);
   databases.push(database);
-  const service = new DeliveryService(
-    new PgMessageStore(database),
-    h.clock,
-    { mailDomain: h.config.mailDomain, authservId: h.config.authservId },
-    (line) => logs.push(line),
-  );
-  const server = await startLmtpServer({
-    listen: { host: '127.0.0.1', port: 0 },
-    handler: service,
+  const server = await startTestReceiver(h, {
     log: (line) => logs.push(line),
-    hostname: 'lmtp.inbox.test',
-    maxMessageBytes: h.config.maxMessageBytes,
+    store: new PgMessageStore(database),
   });
   servers.push(server);
   return server.port as number;

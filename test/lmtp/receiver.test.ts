@@ -7,13 +7,13 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { createTransport } from 'nodemailer';
 import pg from 'pg';
-import { DeliveryService } from '../../src/core/delivery-service.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import { type LmtpServer, startLmtpServer } from '../../src/lmtp/server.ts';
+import type { LmtpServer } from '../../src/lmtp/server.ts';
 import type { LogLine } from '../../src/log.ts';
 import { iso } from '../support/assertions.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverRaw, LmtpClient } from './lmtp-client.ts';
+import { startTestReceiver } from './test-receiver.ts';
 
 let h: Harness;
 let lmtp: LmtpServer;
@@ -24,19 +24,7 @@ const ident = () => `4jWnfY${process.pid}Q${++identCounter}`;
 
 before(async () => {
   h = await startHarness({ POLL_RATE_BURST: '100000' });
-  const service = new DeliveryService(
-    h.messages,
-    h.clock,
-    { mailDomain: h.config.mailDomain, authservId: h.config.authservId },
-    (line) => logs.push(line),
-  );
-  lmtp = await startLmtpServer({
-    listen: { host: '127.0.0.1', port: 0 },
-    handler: service,
-    log: (line) => logs.push(line),
-    hostname: 'lmtp.inbox.test',
-    maxMessageBytes: h.config.maxMessageBytes,
-  });
+  lmtp = await startTestReceiver(h, { log: (line) => logs.push(line) });
   port = lmtp.port as number;
 });
 after(async () => {
@@ -379,17 +367,9 @@ test('a 3 MiB message streams through in pieces and downloads byte for byte', as
 test('the receiver listens on a unix socket too', async () => {
   const path = `/tmp/lmtp-test-${process.pid}.sock`;
   const inbox = await h.provision();
-  const service = new DeliveryService(
-    h.messages,
-    h.clock,
-    { mailDomain: h.config.mailDomain, authservId: 'x' },
-    () => {},
-  );
-  const server = await startLmtpServer({
+  const server = await startTestReceiver(h, {
     listen: { path },
-    handler: service,
-    log: () => {},
-    hostname: 'lmtp.inbox.test',
+    settings: { authservId: 'x' },
     maxMessageBytes: 1000,
   });
   try {
@@ -406,19 +386,7 @@ test('the receiver listens on a unix socket too', async () => {
 
 test('close() lets a delivery in progress finish, refuses a new transaction with 421, then closes', async () => {
   const inbox = await h.provision();
-  const service = new DeliveryService(
-    h.messages,
-    h.clock,
-    { mailDomain: h.config.mailDomain, authservId: 'x' },
-    () => {},
-  );
-  const server = await startLmtpServer({
-    listen: { host: '127.0.0.1', port: 0 },
-    handler: service,
-    log: () => {},
-    hostname: 'lmtp.inbox.test',
-    maxMessageBytes: 1000,
-  });
+  const server = await startTestReceiver(h, { settings: { authservId: 'x' }, maxMessageBytes: 1000 });
   const busy = await LmtpClient.connect({ port: server.port as number });
   const idle = await LmtpClient.connect({ port: server.port as number });
   await idle.command('LHLO postfix.test');
@@ -443,17 +411,8 @@ test('close() lets a delivery in progress finish, refuses a new transaction with
 
 test('close() does not wait past its grace for a delivery that never ends; that delivery stores nothing', async () => {
   const inbox = await h.provision();
-  const service = new DeliveryService(
-    h.messages,
-    h.clock,
-    { mailDomain: h.config.mailDomain, authservId: 'x' },
-    () => {},
-  );
-  const server = await startLmtpServer({
-    listen: { host: '127.0.0.1', port: 0 },
-    handler: service,
-    log: () => {},
-    hostname: 'lmtp.inbox.test',
+  const server = await startTestReceiver(h, {
+    settings: { authservId: 'x' },
     maxMessageBytes: 1000,
     closeGraceMs: 300,
   });
@@ -484,17 +443,8 @@ test('close() does not wait past its grace for a delivery that never ends; that 
 
 test('distinct inboxes beyond maxParallelStores are answered 452 4.5.3, so Postfix sends them again', async () => {
   const [a, b] = [await h.provision(), await h.provision()];
-  const service = new DeliveryService(
-    h.messages,
-    h.clock,
-    { mailDomain: h.config.mailDomain, authservId: 'x', maxParallelStores: 1 },
-    () => {},
-  );
-  const server = await startLmtpServer({
-    listen: { host: '127.0.0.1', port: 0 },
-    handler: service,
-    log: () => {},
-    hostname: 'lmtp.inbox.test',
+  const server = await startTestReceiver(h, {
+    settings: { authservId: 'x', maxParallelStores: 1 },
     maxMessageBytes: 1000,
   });
   try {
@@ -526,17 +476,9 @@ test('distinct inboxes beyond maxParallelStores are answered 452 4.5.3, so Postf
 test('a store held back by a lock past the stall bound is deferred with 451; the other recipient is stored', async () => {
   const [a, b] = [await h.provision(), await h.provision()];
   const stallLogs: LogLine[] = [];
-  const service = new DeliveryService(
-    h.messages,
-    h.clock,
-    { mailDomain: h.config.mailDomain, authservId: 'x', stallMs: 300 },
-    (line) => stallLogs.push(line),
-  );
-  const server = await startLmtpServer({
-    listen: { host: '127.0.0.1', port: 0 },
-    handler: service,
-    log: () => {},
-    hostname: 'lmtp.inbox.test',
+  const server = await startTestReceiver(h, {
+    serviceLog: (line) => stallLogs.push(line),
+    settings: { authservId: 'x', stallMs: 300 },
     maxMessageBytes: 1000,
   });
   const queueId = ident();

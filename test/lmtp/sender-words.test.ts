@@ -8,13 +8,13 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { DeliveryService } from '../../src/core/delivery-service.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { mailboxOf, mailFromParser, splitReversePath } from '../../src/lmtp/mail-from.ts';
-import { type LmtpServer, startLmtpServer } from '../../src/lmtp/server.ts';
+import type { LmtpServer } from '../../src/lmtp/server.ts';
 import { keptAttributes, xforwardReader } from '../../src/lmtp/xforward.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { LmtpClient } from './lmtp-client.ts';
+import { startTestReceiver } from './test-receiver.ts';
 
 let h: Harness;
 let lmtp: LmtpServer;
@@ -23,19 +23,7 @@ const ident = () => `4jMfR${process.pid}Q${++identCounter}`;
 
 before(async () => {
   h = await startHarness({ POLL_RATE_BURST: '100000' });
-  const service = new DeliveryService(
-    h.messages,
-    h.clock,
-    { mailDomain: h.config.mailDomain, authservId: h.config.authservId },
-    () => {},
-  );
-  lmtp = await startLmtpServer({
-    listen: { host: '127.0.0.1', port: 0 },
-    handler: service,
-    log: () => {},
-    hostname: 'lmtp.inbox.test',
-    maxMessageBytes: h.config.maxMessageBytes,
-  });
+  lmtp = await startTestReceiver(h);
 });
 after(async () => {
   await lmtp.close();
