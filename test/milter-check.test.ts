@@ -11,17 +11,9 @@ import { test } from 'node:test';
 import type { MessageAdmission } from '../src/core/message-admission.ts';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../src/core/ports.ts';
 import { MilterCheck } from '../src/mail/milter-check.ts';
+import { milterEnvelope } from './support/milter-message.ts';
 
-const envelope = {
-  queueId: 'Q1',
-  clientAddress: '127.0.0.3',
-  clientName: 'mail.sender.test',
-  helo: 'mail.sender.test',
-  envelopeFrom: 's@allowed.test',
-  mailArgs: [],
-  recipients: ['x@svc.test'],
-  macros: new Map<string, string>(),
-};
+const envelope = milterEnvelope();
 
 test('an authenticator that fails makes body() and end() reject, and leaves no unhandled rejection', async () => {
   const unhandled: unknown[] = [];

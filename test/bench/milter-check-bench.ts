@@ -14,8 +14,9 @@ import type { AuthVerdict } from '../../src/core/ports.ts';
 import type { CachingLookup } from '../../src/mail/dns.ts';
 import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
 import { MilterCheck } from '../../src/mail/milter-check.ts';
-import type { MilterEnvelope, MilterHeader } from '../../src/milter/handler.ts';
+import type { MilterHeader } from '../../src/milter/handler.ts';
 import { dkimSignFor, resolveInZone } from '../support/dns-zone.ts';
+import { milterEnvelope, milterMessage } from '../support/milter-message.ts';
 
 const COUNT = Number(process.env.BENCH_COUNT ?? 300);
 /** Postfix's body chunk (MILTER_CHUNK_SIZE). */
@@ -31,16 +32,12 @@ const accept = {
   },
 } as unknown as MessageAdmission;
 const check = new MilterCheck(accept, new MailauthAuthenticator('mx.svc.test', lookup), 'mx.svc.test');
-const envelope: MilterEnvelope = {
+const envelope = milterEnvelope({
   queueId: 'BENCH1',
   clientAddress: '127.0.0.1',
   clientName: null,
-  helo: 'mail.sender.test',
   envelopeFrom: 'bench@allowed.test',
-  mailArgs: [],
-  recipients: ['x@svc.test'],
-  macros: new Map(),
-};
+});
 
 /** A message like smtp-source's (lines of "X"), as Postfix hands it to the milter. */
 async function message(
@@ -51,15 +48,7 @@ async function message(
   const head = 'From: <bench@allowed.test>\r\nTo: <x@svc.test>\r\nSubject: bench\r\n';
   let raw = `${head}\r\n${body}`;
   if (signed) raw = (await dkimSignFor('allowed.test', Buffer.from(raw, 'latin1'))).toString('latin1');
-  const split = raw.indexOf('\r\n\r\n');
-  const headers = raw
-    .slice(0, split)
-    .split(/\r\n(?![ \t])/)
-    .map((field) => {
-      const colon = field.indexOf(':');
-      return { name: field.slice(0, colon), value: field.slice(colon + 1).replace(/\r\n/g, '\n') };
-    });
-  const bodyBytes = Buffer.from(raw.slice(split + 4), 'latin1');
+  const { headers, body: bodyBytes } = milterMessage(Buffer.from(raw, 'latin1'));
   const chunks: Buffer[] = [];
   for (let at = 0; at < bodyBytes.length; at += CHUNK) chunks.push(bodyBytes.subarray(at, at + CHUNK));
   return { headers, chunks };

@@ -20,33 +20,11 @@ import {
   signedNames,
   verifiableHeaders,
 } from '../../src/mail/signature-limits.ts';
-import type { MilterEnvelope, MilterHeader } from '../../src/milter/handler.ts';
 import { dkimSignFor, resolveInZone } from '../support/dns-zone.ts';
+import { milterEnvelope, milterMessage } from '../support/milter-message.ts';
 
-const envelope: MilterEnvelope = {
-  queueId: 'Q1',
-  clientAddress: '127.0.0.3',
-  clientName: 'mail.sender.test',
-  helo: 'mail.sender.test',
-  envelopeFrom: 's@allowed.test',
-  mailArgs: [],
-  recipients: ['x@svc.test'],
-  macros: new Map(),
-};
-
-/** Header fields as the milter gets them from Postfix (value after the colon, LF line ends). */
-function headersOf(raw: Buffer): { headers: MilterHeader[]; body: Buffer } {
-  const text = raw.toString('latin1');
-  const end = text.indexOf('\r\n\r\n');
-  const headers = text
-    .slice(0, end)
-    .split(/\r\n(?![ \t])/)
-    .map((field) => {
-      const colon = field.indexOf(':');
-      return { name: field.slice(0, colon), value: field.slice(colon + 1).replace(/\r\n/g, '\n') };
-    });
-  return { headers, body: raw.subarray(end + 4) };
-}
+const envelope = milterEnvelope();
+const headersOf = milterMessage;
 
 function admissionRecording(): { facts: MessageFacts[]; admission: MessageAdmission } {
   const facts: MessageFacts[] = [];

@@ -14,10 +14,11 @@ import type { MessageAdmission } from '../../src/core/message-admission.ts';
 import type { CachingLookup } from '../../src/mail/dns.ts';
 import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
 import { MilterCheck } from '../../src/mail/milter-check.ts';
-import type { MilterEnvelope, MilterHeader } from '../../src/milter/handler.ts';
+import type { MilterHeader } from '../../src/milter/handler.ts';
 import { resolveInZone } from '../support/dns-zone.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { scalar } from '../support/jobs.ts';
+import { milterEnvelope } from '../support/milter-message.ts';
 
 let h: Harness;
 let check: MilterCheck;
@@ -39,16 +40,7 @@ const headers: MilterHeader[] = [
 ];
 
 async function decided(inbox: ProvisionedInbox, queueId: string, recipients = [inbox.address]) {
-  const envelope: MilterEnvelope = {
-    queueId,
-    clientAddress: '127.0.0.3',
-    clientName: 'mail.sender.test',
-    helo: 'mail.sender.test',
-    envelopeFrom: 's@allowed.test',
-    mailArgs: [],
-    recipients,
-    macros: new Map(),
-  };
+  const envelope = milterEnvelope({ queueId, recipients });
   const consumer = check.beginMessage(envelope, headers);
   await consumer.body(Buffer.from('body\r\n'));
   return { consumer, answer: await consumer.end() };
