@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
+import { queuedAs } from '../support/smtp-client.ts';
 
 let s: MailStack;
 before(async () => {
@@ -74,9 +75,9 @@ test('senders Postfix accepts but a strict parser would not (quoted local parts,
       subject: `odd sender ${index}`,
     });
     const replies = await s.send({ from, to: [inbox.address], message });
-    const queued = /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(replies.end?.text ?? '');
-    assert.ok(queued?.[1], `${from}: ${replies.end?.text}`);
-    queueIds.push(queued[1]);
+    const queued = queuedAs(replies);
+    assert.ok(queued, `${from}: ${replies.end?.text}`);
+    queueIds.push(queued);
   }
   const token = inbox.credentials.owner;
   const messages = await s.waitFor('every message in poll', async () => {

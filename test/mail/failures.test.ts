@@ -21,7 +21,7 @@ import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { ADMIN_URL } from '../support/database.ts';
 import { CLIENTS } from '../support/dns-zone.ts';
 import { MAIL_DOMAIN, type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
-import { type Reply, SmtpClient, type TransactionReplies } from '../support/smtp-client.ts';
+import { queuedAs, type Reply, SmtpClient, type TransactionReplies } from '../support/smtp-client.ts';
 
 let s: MailStack;
 before(async () => {
@@ -194,7 +194,7 @@ test('Postgres unavailable: the milter answers 4xx at end of data, the receiver 
   let endOfData: Reply | undefined;
   try {
     const sent = await s.send({ to: [inbox.address], message: accepted });
-    queueId = /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(sent.end?.text ?? '')?.[1];
+    queueId = queuedAs(sent);
     assert.ok(queueId, sent.end?.text);
     await s.waitFor('the message deferred (receiver down)', async () =>
       (await s.postfix.queue()).find((e) => e.queueId === queueId && e.recipients[0]?.delayReason),
@@ -337,7 +337,7 @@ test("a 5xx from the receiver's side defers the message (soft_bounce on Postfix'
     const refusing = await refusingReceiver(listen.port);
     try {
       const sent = await s.send({ to: [inbox.address], message });
-      queueId = /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(sent.end?.text ?? '')?.[1];
+      queueId = queuedAs(sent);
       assert.ok(queueId, sent.end?.text);
       const reason = await s.waitFor('the message deferred after the 5xx', async () => {
         const entry = (await s.postfix.queue()).find((e) => e.queueId === queueId);

@@ -19,7 +19,7 @@ import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { RECEIVED_ALLOWANCE_BYTES } from '../../src/core/message-admission.ts';
 import { HEADERS_TOO_LARGE } from '../../src/milter/session.ts';
 import { MAIL_DOMAIN, type MailStack, startMailStack } from '../support/mail-stack.ts';
-import type { TransactionReplies } from '../support/smtp-client.ts';
+import { queuedAs } from '../support/smtp-client.ts';
 
 const QUOTA_BYTES = 200_000;
 const QUOTA_EXCEEDED = `555 5.7.1 ${MAIL_DOMAIN}: mailbox quota exceeded`;
@@ -70,7 +70,6 @@ function bareLineBreaks(message: Buffer): number {
 }
 
 const sha256 = (bytes: Buffer) => createHash('sha256').update(bytes).digest('hex');
-const queuedAs = (r: TransactionReplies) => /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(r.end?.text ?? '')?.[1];
 
 function helpers(stack: () => MailStack) {
   const status = async (inbox: ProvisionedInbox) => {

@@ -135,6 +135,10 @@ export interface TransactionReplies {
   end?: Reply;
 }
 
+/** The queue id in Postfix's `250 2.0.0 Ok: queued as ID` end-of-data reply, if that is the reply. */
+export const queuedAs = (replies: TransactionReplies): string | undefined =>
+  /^250 2\.0\.0 Ok: queued as (\w+)$/.exec(replies.end?.text ?? '')?.[1];
+
 /** One whole session: greeting, EHLO, MAIL, every RCPT, DATA when a recipient was accepted, QUIT. */
 export async function sendMail(port: number, t: Transaction): Promise<TransactionReplies> {
   const { client, greeting } = await SmtpClient.open(port, { localAddress: t.localAddress ?? '127.0.0.3' });
