@@ -344,8 +344,8 @@ export interface SweeperStore {
    * `expiredBefore` (at or before `now`), and frees their chunks. Reason `expired` and deleted_at `now`
    * (after expires_at, so the expired inbox's final counts, read at expires_at, keep them); a message
    * whose delete_after came first keeps that deletion (reason `downloaded` or `unclaimed`, deleted_at =
-   * delete_after). An inbox extended meanwhile (its expires_at no longer before `expiredBefore` when its
-   * batch is marked) keeps its messages.
+   * delete_after). The inbox rows are share-locked with their batch: one an extend holds waits for a
+   * later batch, and an extend waits for the batch holding its inbox.
    */
   expireMessages(now: Date, expiredBefore: Date, limit: BatchLimit): Promise<Freed>;
   /**

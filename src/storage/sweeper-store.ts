@@ -103,16 +103,15 @@ export class PgSweeperStore implements SweeperStore {
       [expiredBefore, limit.rows],
       limit.bytes,
       // deleted_at after expires_at: the final counts, taken at expires_at (storage/usage.ts), keep them.
-      // The inbox is checked again: an extend that committed since the rows were picked wins.
+      // No extend can move expires_at meanwhile: the pick share-locked the inbox rows.
       `UPDATE messages m SET state = 'deleted',
          deleted_reason = CASE WHEN m.delete_after <= i.expires_at
            THEN CASE WHEN m.downloaded_at IS NULL THEN 'unclaimed' ELSE 'downloaded' END ELSE 'expired' END,
          deleted_at = CASE WHEN m.delete_after <= i.expires_at THEN m.delete_after ELSE $3::timestamptz END
        FROM inboxes i, unnest($1::text[], $2::text[]) AS k (inbox_id, message_id)
        WHERE m.inbox_id = k.inbox_id AND m.message_id = k.message_id AND i.inbox_id = m.inbox_id
-         AND i.expires_at < $4
        RETURNING m.inbox_id, m.message_id, m.size_bytes, m.deleted_reason`,
-      [now, expiredBefore],
+      [now],
     ).then(({ messages, bytes }) => ({ messages, bytes }));
   }
 
@@ -158,7 +157,7 @@ export class PgSweeperStore implements SweeperStore {
         keys.map((k) => k.message_id),
         ...markValues,
       ]);
-      // Only what was marked: a mark statement may leave a picked row alone (expireMessages).
+      // The chunks of the rows marked.
       await query(
         client,
         `DELETE FROM message_chunks c USING unnest($1::text[], $2::text[]) AS k (inbox_id, message_id)
