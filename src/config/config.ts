@@ -86,7 +86,10 @@ type Env = Record<string, string | undefined>;
 const positiveInt = Compile(Type.Integer({ minimum: 1 }));
 const nonNegativeInt = Compile(Type.Integer({ minimum: 0 }));
 
-/** A DNS host name (letters, digits, hyphens; dot-separated labels), as Postfix's myhostname must be. */
+/**
+ * A DNS name (letters, digits, hyphens; dot-separated labels), as MAIL_DOMAIN and Postfix's myhostname
+ * must be.
+ */
 export const HOST_NAME =
   /^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
 
@@ -233,8 +236,6 @@ function sweepInterval(env: Env, name: string, fallback: number): number {
   return value;
 }
 
-const DOMAIN = /^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$/i;
-
 /** Reads and checks the environment. Throws ConfigError naming the first bad variable. */
 export function loadConfig(env: Env = process.env): Config {
   const environment = oneOf(env, 'ENVIRONMENT', ['dev', 'prod'] as const, 'dev');
@@ -244,7 +245,7 @@ export function loadConfig(env: Env = process.env): Config {
   const apiPort = integer(env, 'API_PORT', 8080, true);
   if (apiPort > 65535) throw new ConfigError('API_PORT', `must be a port number (got "${apiPort}")`);
   const mailDomain = text(env, 'MAIL_DOMAIN', prod ? undefined : 'localhost').toLowerCase();
-  if (!DOMAIN.test(mailDomain))
+  if (!HOST_NAME.test(mailDomain))
     throw new ConfigError('MAIL_DOMAIN', `must be a domain name (got "${mailDomain}")`);
   const secretKey = env.SECRET_KEY === undefined || env.SECRET_KEY === '' ? undefined : env.SECRET_KEY;
   if (secretKey !== undefined && secretKey.length < 32) {

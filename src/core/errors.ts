@@ -49,3 +49,6 @@ export function inboxCancelled(cancelledAt: Date): ServiceError {
     cancelled_at: cancelledAt.toISOString(),
   });
 }
+
+/** 404 not_found: a path, or a method on it, that no endpoint serves. */
+export const noEndpoint = (): ServiceError => new ServiceError('not_found', 'No endpoint serves this path.');

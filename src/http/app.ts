@@ -10,7 +10,7 @@
 import { randomUUID } from 'node:crypto';
 import Router from '@koa/router';
 import Koa, { type Context } from 'koa';
-import { ServiceError } from '../core/errors.ts';
+import { noEndpoint } from '../core/errors.ts';
 import { INBOX_ID } from '../core/ids.ts';
 import { errorMiddleware } from './error-middleware.ts';
 import { routeOf } from './request.ts';
@@ -43,8 +43,7 @@ export function createApp(services: HttpServices): Koa {
   registerMessageRoutes(router, services);
   app.use(router.routes());
   app.use(async (ctx) => {
-    if (ctx.status === 404 && ctx.body === undefined)
-      throw new ServiceError('not_found', 'No endpoint serves this path.');
+    if (ctx.status === 404 && ctx.body === undefined) throw noEndpoint();
   });
   return app;
 }

@@ -5,8 +5,9 @@
  * Listens on:  the given Listen (TCP, port 0 picks a free port; or a unix socket, whose stale file is
  *              removed first; a live one is left alone and listening fails with EADDRINUSE).
  * Reads:       LHLO, XFORWARD (only IDENT is used: Postfix's queue id, the idempotency key; NAME and HELO
- *              are left out, xforward.ts), MAIL (any reverse-path Postfix sends, mail-from.ts), RCPT, DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size, and
- *              a refusal here would be a 5xx after queueing (DESIGN decision 1).
+ *              are left out, xforward.ts), MAIL (any reverse-path Postfix sends, mail-from.ts), RCPT,
+ *              DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size,
+ *              and a refusal here would be a 5xx after queueing (DESIGN decision 1).
  * Decides:     nothing; each DATA goes to handler.deliver, which owns the data stream from then on.
  * Writes:      one reply per accepted RCPT, in RCPT order, duplicates included (RFC 2033 section 4.2):
  *              `250 2.0.0 ...` or the handler's 4xx. Never a 5xx: a 5xx from the handler, or a handler

@@ -5,7 +5,7 @@ import { Readable } from 'node:stream';
 import type Router from '@koa/router';
 import { decodeCursor } from '../../core/cursor.ts';
 import { messageNotFound } from '../../core/download-service.ts';
-import { invalidRequest, ServiceError } from '../../core/errors.ts';
+import { invalidRequest, noEndpoint } from '../../core/errors.ts';
 import { MESSAGE_ID } from '../../core/ids.ts';
 import { pollBody } from '../poll-body.ts';
 import { integerParameter, queryParameters } from '../request.ts';
@@ -18,7 +18,7 @@ export function registerMessageRoutes(router: Router, services: HttpServices): v
   // @koa/router answers HEAD with the GET route; the contract defines no HEAD for poll, and a poll lists
   // (it starts the unclaimed timer), so HEAD is a path no endpoint serves.
   router.head('/v1/inboxes/:id/messages', () => {
-    throw new ServiceError('not_found', 'No endpoint serves this path.');
+    throw noEndpoint();
   });
   router.get(
     '/v1/inboxes/:id/messages',
