@@ -4,10 +4,12 @@
  */
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { INBOX_ID, OWNER_CREDENTIAL, READER_CREDENTIAL } from '../src/core/ids.ts';
 import type { ProvisionedInbox } from '../src/core/inbox-service.ts';
+import { dropDatabase } from './support/database.ts';
 import { type Harness, startHarness } from './support/harness.ts';
 import { OpenApiValidator } from './support/openapi-validator.ts';
 
@@ -29,10 +31,14 @@ before(async () => {
 after(() => h.close());
 
 function inboxctl(args: string[], env: Record<string, string> = {}): Promise<Run> {
+  return cli('src/cli/inboxctl.ts', args, env);
+}
+
+function cli(script: string, args: string[], env: Record<string, string> = {}): Promise<Run> {
   return new Promise((resolve) => {
     execFile(
       NODE,
-      ['src/cli/inboxctl.ts', ...args],
+      [script, ...args],
       {
         cwd: ROOT,
         timeout: 30_000,
@@ -272,4 +278,23 @@ test('migrate on an already-migrated database succeeds and applies nothing', asy
   const run = await inboxctl(['migrate']);
   assert.equal(run.code, 0, run.stderr);
   assert.equal(run.stdout, 'database is up to date\n');
+});
+
+test('ensure-database creates the database DATABASE_URL names, once; a malformed URL exits 78 naming it', async () => {
+  const name = `inbox_test_ensure_${randomBytes(4).toString('hex')}`;
+  const url = new URL(h.database.url);
+  url.pathname = `/${name}`;
+  try {
+    const first = await cli('src/cli/ensure-database.ts', [], { DATABASE_URL: url.toString() });
+    assert.equal(first.code, 0, first.stderr);
+    assert.equal(first.stdout, `created database ${name}\n`);
+    const again = await cli('src/cli/ensure-database.ts', [], { DATABASE_URL: url.toString() });
+    assert.deepEqual([again.code, again.stdout], [0, '']);
+  } finally {
+    await dropDatabase(name);
+  }
+  const bad = await cli('src/cli/ensure-database.ts', [], { DATABASE_URL: 'postgres://u:pa#ss@db/inbox' });
+  assert.equal(bad.code, 78);
+  assert.match(bad.stderr, /configuration error: DATABASE_URL: is not a valid URL/);
+  assert.doesNotMatch(bad.stderr, /pa#ss/);
 });
