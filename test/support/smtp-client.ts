@@ -124,6 +124,8 @@ export interface Transaction {
   localAddress?: string;
   /** ESMTP parameters for MAIL FROM, e.g. 'SIZE=1234'. */
   mailParams?: string;
+  /** ESMTP parameters for every RCPT TO, e.g. 'NOTIFY=SUCCESS'. */
+  rcptParams?: string;
 }
 
 export interface TransactionReplies {
@@ -148,7 +150,8 @@ export async function sendMail(port: number, t: Transaction): Promise<Transactio
     replies.ehlo = await client.command(`EHLO ${t.helo ?? 'mail.sender.test'}`);
     replies.mail = await client.command(`MAIL FROM:<${t.from}>${t.mailParams ? ` ${t.mailParams}` : ''}`);
     if (replies.mail.code !== 250) return replies;
-    for (const to of t.to) replies.rcpt.push(await client.command(`RCPT TO:<${to}>`));
+    for (const to of t.to)
+      replies.rcpt.push(await client.command(`RCPT TO:<${to}>${t.rcptParams ? ` ${t.rcptParams}` : ''}`));
     if (!replies.rcpt.some((r) => r.code === 250)) return replies;
     const { start, end } = await client.data(t.message);
     replies.data = start;
