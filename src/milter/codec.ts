@@ -18,6 +18,14 @@
  * header_size_limit says; session.ts MAX_FIELD_BYTES); its own limit for our replies is INT_MAX/2. */
 export const MAX_PACKET_BYTES = 1024 * 1024 + 1024;
 
+/**
+ * The stages a macro packet may name: the command bytes macros precede (MAIL-FACTS C.8), and at most
+ * MAX_MACROS macros in one. Postfix's default lists hold at most 9 per stage; without these bounds a
+ * peer could make the milter keep millions of tiny strings (a 1 MiB packet of them cost 16 MB of heap).
+ */
+export const MACRO_STAGES = ['C', 'H', 'U', 'M', 'R', 'T', 'L', 'N', 'B', 'E'];
+export const MAX_MACROS = 256;
+
 /** MTA→milter command bytes [milter8.c SMFIC_*]. */
 export const SMFIC = {
   ABORT: 'A',
@@ -57,54 +65,62 @@ export interface Packet {
   data: Buffer;
 }
 
-/** Splits a byte stream into packets; holds at most one partial packet (≤ MAX_PACKET_BYTES). */
+/**
+ * Splits a byte stream into packets; holds at most one partial packet (≤ MAX_PACKET_BYTES). A packet
+ * inside one read is returned as a view of it; a packet split across reads is copied into one buffer
+ * of its declared length as its pieces come, so a packet sent a byte at a time costs linear time and
+ * its own size in memory, not a list of a million one-byte reads.
+ */
 export class FrameDecoder {
-  #chunks: Buffer[] = [];
-  #buffered = 0;
-  #expected: number | undefined;
+  readonly #length = Buffer.alloc(4);
+  #lengthFilled = 0;
+  #partial: Buffer | undefined;
+  #filled = 0;
 
   push(chunk: Buffer): Packet[] {
-    this.#chunks.push(chunk);
-    this.#buffered += chunk.length;
     const packets: Packet[] = [];
-    for (;;) {
-      if (this.#expected === undefined) {
-        if (this.#buffered < 4) break;
-        const length = this.#take(4).readUInt32BE(0);
+    let offset = 0;
+    while (offset < chunk.length) {
+      if (this.#partial === undefined) {
+        let length: number;
+        if (this.#lengthFilled === 0 && chunk.length - offset >= 4) {
+          length = chunk.readUInt32BE(offset);
+          offset += 4;
+        } else {
+          const used = Math.min(4 - this.#lengthFilled, chunk.length - offset);
+          chunk.copy(this.#length, this.#lengthFilled, offset, offset + used);
+          this.#lengthFilled += used;
+          offset += used;
+          if (this.#lengthFilled < 4) break;
+          this.#lengthFilled = 0;
+          length = this.#length.readUInt32BE(0);
+        }
         if (length < 1 || length > MAX_PACKET_BYTES) {
           throw new MilterProtocolError(`packet length ${length} outside 1..${MAX_PACKET_BYTES}`);
         }
-        this.#expected = length;
+        if (chunk.length - offset >= length) {
+          packets.push(packetOf(chunk.subarray(offset, offset + length)));
+          offset += length;
+          continue;
+        }
+        this.#partial = Buffer.allocUnsafe(length);
+        this.#filled = 0;
       }
-      if (this.#buffered < this.#expected) break;
-      const packet = this.#take(this.#expected);
-      this.#expected = undefined;
-      packets.push({ command: String.fromCharCode(packet[0] ?? 0), data: packet.subarray(1) });
+      const used = Math.min(this.#partial.length - this.#filled, chunk.length - offset);
+      chunk.copy(this.#partial, this.#filled, offset, offset + used);
+      this.#filled += used;
+      offset += used;
+      if (this.#filled === this.#partial.length) {
+        packets.push(packetOf(this.#partial));
+        this.#partial = undefined;
+      }
     }
     return packets;
   }
+}
 
-  /** The first n buffered bytes (n ≤ buffered), copying only when they span chunks. */
-  #take(n: number): Buffer {
-    this.#buffered -= n;
-    const first = this.#chunks[0] as Buffer;
-    if (first.length >= n) {
-      if (first.length === n) this.#chunks.shift();
-      else this.#chunks[0] = first.subarray(n);
-      return first.subarray(0, n);
-    }
-    const out = Buffer.allocUnsafe(n);
-    let filled = 0;
-    while (filled < n) {
-      const chunk = this.#chunks[0] as Buffer;
-      const used = Math.min(chunk.length, n - filled);
-      chunk.copy(out, filled, 0, used);
-      filled += used;
-      if (used === chunk.length) this.#chunks.shift();
-      else this.#chunks[0] = chunk.subarray(used);
-    }
-    return out;
-  }
+function packetOf(bytes: Buffer): Packet {
+  return { command: String.fromCharCode(bytes[0] ?? 0), data: bytes.subarray(1) };
 }
 
 export type MilterCommand =
@@ -182,8 +198,13 @@ export function decodeCommand(packet: Packet): MilterCommand {
       };
     case SMFIC.MACRO: {
       const stage = r.byte('MACRO');
+      if (!MACRO_STAGES.includes(stage)) throw new MilterProtocolError(`MACRO for unknown stage ${stage}`);
       const macros: [string, string][] = [];
-      while (r.remaining > 0) macros.push([r.string('MACRO name'), r.string('MACRO value')]);
+      while (r.remaining > 0) {
+        if (macros.length === MAX_MACROS)
+          throw new MilterProtocolError(`MACRO with over ${MAX_MACROS} macros`);
+        macros.push([r.string('MACRO name'), r.string('MACRO value')]);
+      }
       return { kind: 'macro', stage, macros };
     }
     case SMFIC.CONNECT: {

@@ -6,8 +6,8 @@
  * `{rcpt_addr}`, ...) is seen with the next; connection stages (CONNECT, HELO) stay.
  */
 
-/** Stages in the order Postfix sends them (MAIL-FACTS C.8); a later stage's value of a name wins. */
-const STAGE_ORDER = ['C', 'H', 'U', 'M', 'R', 'T', 'L', 'N', 'B', 'E'];
+import { MACRO_STAGES } from './codec.ts';
+
 const TRANSACTION_STAGES = ['M', 'R', 'T', 'L', 'N', 'B', 'E'];
 
 export class MacroStore {
@@ -26,11 +26,10 @@ export class MacroStore {
     this.#stages.clear();
   }
 
-  /** All macros, merged by stage order. */
+  /** All macros, merged in the order Postfix sends the stages (MACRO_STAGES): a later stage's value wins. */
   snapshot(): Map<string, string> {
     const merged = new Map<string, string>();
-    const other = [...this.#stages.keys()].filter((stage) => !STAGE_ORDER.includes(stage));
-    for (const stage of [...STAGE_ORDER, ...other]) {
+    for (const stage of MACRO_STAGES) {
       for (const [name, value] of this.#stages.get(stage) ?? []) merged.set(name, value);
     }
     return merged;

@@ -16,6 +16,7 @@ import {
   encodeReplyCode,
   encodeTempfail,
   FrameDecoder,
+  MAX_MACROS,
   MAX_PACKET_BYTES,
   type MilterCommand,
   MilterProtocolError,
@@ -59,6 +60,18 @@ describe('framing', () => {
       decoder.push(packet('L', 'Subject\0 hi\0').subarray(7)).map((p) => p.data.toString()),
       ['Subject\0 hi\0'],
     );
+  });
+
+  test('a packet of 1 MiB sent a byte at a time comes out whole, in linear time', { timeout: 20_000 }, () => {
+    // Each read kept as a buffer of its own and shifted off one by one: about a minute here.
+    const data = Buffer.alloc(1024 * 1024, 'x');
+    const stream = packet('B', data);
+    const decoder = new FrameDecoder();
+    const out = [];
+    for (let i = 0; i < stream.length; i++) out.push(...decoder.push(stream.subarray(i, i + 1)));
+    assert.equal(out.length, 1);
+    assert.equal(out[0]?.command, 'B');
+    assert.ok(out[0]?.data.equals(data));
   });
 
   test('a length of 0 or above the maximum is refused before its data arrives', () => {
@@ -175,6 +188,13 @@ describe('command decoding', () => {
   for (const [name, command, ...parts] of malformed) {
     test(`refused: ${name}`, () => assert.throws(() => decode(command, ...parts), MilterProtocolError));
   }
+});
+
+test('a MACRO packet for an unknown stage, or with more than MAX_MACROS macros, is a protocol error', () => {
+  assert.throws(() => decode('D', 'Qi\0x\0'), /unknown stage Q/);
+  const many = (n: number) => `M${Array.from({ length: n }, (_, i) => `m${i}\0v\0`).join('')}`;
+  assert.equal((decode('D', many(MAX_MACROS)) as { macros: unknown[] }).macros.length, MAX_MACROS);
+  assert.throws(() => decode('D', many(MAX_MACROS + 1)), new RegExp(`over ${MAX_MACROS} macros`));
 });
 
 describe('reply encoding', () => {
