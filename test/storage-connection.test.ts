@@ -37,3 +37,26 @@ test('a transaction whose connection is terminated rejects, and the pool goes on
     await admin.end();
   }
 });
+
+test('a statement waiting for a lock fails after the lock timeout, and a full pool fails a caller after the connect timeout', async () => {
+  const short = new Database(database.url, 1, { lockTimeoutMs: 300, connectTimeoutMs: 300 });
+  const holder = new pg.Client({ connectionString: database.url });
+  await holder.connect();
+  try {
+    await holder.query('BEGIN');
+    await holder.query('LOCK TABLE inboxes IN ACCESS EXCLUSIVE MODE');
+    const waited = short.transaction((client) => client.query('SELECT count(*) FROM inboxes'));
+    await assert.rejects(waited, (error: Error & { code?: string }) => error.code === '55P03');
+    // The pool's one connection, checked out and kept: the next caller gets no connection in time.
+    const kept = await short.pool.connect();
+    try {
+      await assert.rejects(short.rows('one', 'SELECT 1', []), /timeout/i);
+    } finally {
+      kept.release();
+    }
+  } finally {
+    await holder.query('ROLLBACK');
+    await holder.end();
+    await short.close();
+  }
+});

@@ -24,6 +24,7 @@ export interface MilterConnectionOptions {
   handler: MilterHandler;
   log: Log;
   progressIntervalMs: number;
+  decisionDeadlineMs: number;
   /** Correlates this connection's log lines. */
   id: number;
 }

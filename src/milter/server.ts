@@ -22,6 +22,13 @@ import type { MilterHandler } from './handler.ts';
 export const CLOSE_GRACE_MS = 5_000;
 /** Well under Postfix's milter_content_timeout (300 s). */
 export const DEFAULT_PROGRESS_INTERVAL_MS = 10_000;
+/**
+ * The longest an end-of-message decision may take (session.ts). DNS is bounded by the resolver's
+ * timeouts and each database statement by its lock timeout (storage/database.ts); this bounds the rest,
+ * such as a database host gone without a reset, well inside the 10 minutes a sender waits after DATA
+ * (RFC 5321 4.5.3.2.6).
+ */
+export const DEFAULT_DECISION_DEADLINE_MS = 120_000;
 
 export interface MilterServerOptions {
   listen: Listen;
@@ -29,6 +36,8 @@ export interface MilterServerOptions {
   log: Log;
   /** How often SMFIR_PROGRESS is sent while a consumer call is pending. */
   progressIntervalMs?: number;
+  /** How long an end-of-message decision may take before the message is answered `t`. */
+  decisionDeadlineMs?: number;
   /** How long close() lets transactions in progress finish (default CLOSE_GRACE_MS). */
   closeGraceMs?: number;
 }
@@ -49,7 +58,13 @@ export async function startMilterServer(options: MilterServerOptions): Promise<M
   const connections = new Set<MilterConnection>();
   let nextId = 1;
   const server = net.createServer({ noDelay: true }, (socket) => {
-    const connection = new MilterConnection(socket, { handler, log, progressIntervalMs, id: nextId++ });
+    const connection = new MilterConnection(socket, {
+      handler,
+      log,
+      progressIntervalMs,
+      decisionDeadlineMs: options.decisionDeadlineMs ?? DEFAULT_DECISION_DEADLINE_MS,
+      id: nextId++,
+    });
     connections.add(connection);
     socket.once('close', () => connections.delete(connection));
   });

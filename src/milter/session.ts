@@ -9,7 +9,10 @@
  *   never overlap and a pending body() holds back the next packet.
  * - Every command the MTA waits for gets exactly one reply (negotiate.ts expectsReply); others get none.
  * - While a consumer call the MTA waits on is pending, SMFIR_PROGRESS goes out every progressIntervalMs,
- *   so Postfix's milter_content_timeout (300 s per read) never fires.
+ *   so Postfix's milter_content_timeout (300 s per read) never fires. Since progress keeps Postfix
+ *   waiting for as long as we send it, the end-of-message decision has a deadline of its own
+ *   (decisionDeadlineMs): past it the message is answered `t`, and an accept that comes later is
+ *   undone (MessageConsumer.undelivered), as for a verdict that never reached the MTA.
  * - A handler or consumer failure, or a verdict Postfix would refuse, is logged with the queue id and
  *   answered `t` for that message (STYLE 4); the connection stays usable. handle() rejects only with
  *   MilterProtocolError, after which the connection must be closed.
@@ -18,6 +21,7 @@
  * - Header bytes kept per message are bounded (MAX_HEADER_BYTES, MAX_FIELD_BYTES). No message content is
  *   logged.
  */
+import { DeadlineExceeded, withDeadline } from '../core/deadline.ts';
 import type { Refusal } from '../core/verdict.ts';
 import type { Log } from '../log.ts';
 import {
@@ -90,6 +94,8 @@ export interface MilterSessionOptions {
   handler: MilterHandler;
   log: Log;
   progressIntervalMs: number;
+  /** How long the end-of-message decision may take before the message is answered `t`. */
+  decisionDeadlineMs: number;
   /** Correlates this session's log lines. */
   id: number;
   /** Writes one or more reply packets to the MTA. */
@@ -100,6 +106,7 @@ export class MilterSession {
   readonly #handler: MilterHandler;
   readonly #log: Log;
   readonly #progressMs: number;
+  readonly #deadlineMs: number;
   readonly #id: number;
   readonly #send: (reply: Buffer) => void;
   /** Negotiated SMFIP_* bits; undefined until SMFIC_OPTNEG. */
@@ -115,6 +122,7 @@ export class MilterSession {
     this.#handler = options.handler;
     this.#log = options.log;
     this.#progressMs = options.progressIntervalMs;
+    this.#deadlineMs = options.decisionDeadlineMs;
     this.#id = options.id;
     this.#send = options.send;
   }
@@ -318,14 +326,24 @@ export class MilterSession {
     // end() resolved, and its verdict is not the reply: the consumer may undo it (handler.ts).
     let ended = false;
     let replaced = false;
+    const ending = consumer.end();
     try {
-      const answer = await this.#withProgress(() => consumer.end(), true);
+      const answer = await this.#withProgress(
+        () => withDeadline(ending, this.#deadlineMs, 'the end-of-message decision'),
+        true,
+      );
       ended = true;
       reply = endOfMessageReply(answer);
     } catch (error) {
       this.#failed(tx, 'end', error);
       reply = encodeTempfail();
       replaced = ended;
+      // The decision runs on; an accept it reaches now is one the MTA never hears of.
+      if (error instanceof DeadlineExceeded)
+        ending.then(
+          () => this.#undelivered(tx, consumer),
+          () => {},
+        );
     }
     if (this.#tx === tx) {
       this.#endTransaction();

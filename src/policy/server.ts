@@ -38,12 +38,14 @@ export async function startPolicyServer(options: {
   handler: PolicyHandler;
   log: Log;
   closeGraceMs?: number;
+  /** How long one decision may take before the connection is dropped without a reply. */
+  decisionDeadlineMs?: number;
 }): Promise<PolicyServer> {
   const { listen, handler, log } = options;
   const graceMs = options.closeGraceMs ?? CLOSE_GRACE_MS;
   const sessions = new Set<PolicySession>();
   const server = net.createServer((socket) => {
-    const session = new PolicySession(socket, handler, log);
+    const session = new PolicySession(socket, handler, log, options.decisionDeadlineMs);
     sessions.add(session);
     socket.once('close', () => sessions.delete(session));
   });

@@ -9,17 +9,22 @@
  * - Protocol violation, handler rejection or an unencodable verdict: log a warning and destroy the
  *   socket without a reply (SMTPD_POLICY_README: "in case of trouble the policy server must not send a
  *   reply"); Postfix retries, then applies its default_action. Nothing about the failure reaches Postfix.
+ * - A decision that takes longer than decisionDeadlineMs (a stalled database) is internal trouble too:
+ *   logged, and the socket destroyed without a reply.
  * - PolicyConnection.close() is called exactly once, when the socket has closed.
  * - shutdown(): a decision in progress finishes and its reply is written; then the socket is ended.
  *   Requests queued behind it get no reply (Postfix retries them on a new connection).
  */
 import type { Socket } from 'node:net';
+import { withDeadline } from '../core/deadline.ts';
 import type { Log } from '../log.ts';
 import { encodeAction, PolicyProtocolError, PolicyRequestReader } from './codec.ts';
 import type { PolicyConnection, PolicyHandler, PolicyRequest } from './handler.ts';
 
 /** Longer than Postfix's smtpd_policy_service_max_idle (300 s), so only dead peers are dropped. */
 export const IDLE_TIMEOUT_MS = 15 * 60 * 1000;
+/** Under Postfix's smtpd_policy_service_timeout (100 s), so the failure is ours to log. */
+export const DEFAULT_DECISION_DEADLINE_MS = 60_000;
 
 export class PolicySession {
   readonly #socket: Socket;
@@ -30,10 +35,17 @@ export class PolicySession {
   #connection: PolicyConnection | undefined;
   #busy = false;
   #stopping = false;
+  readonly #deadlineMs: number;
 
-  constructor(socket: Socket, handler: PolicyHandler, log: Log) {
+  constructor(
+    socket: Socket,
+    handler: PolicyHandler,
+    log: Log,
+    decisionDeadlineMs = DEFAULT_DECISION_DEADLINE_MS,
+  ) {
     this.#socket = socket;
     this.#log = log;
+    this.#deadlineMs = decisionDeadlineMs;
     this.#peer = socket.remoteAddress ? `${socket.remoteAddress}:${socket.remotePort}` : 'unix';
     socket.setTimeout(IDLE_TIMEOUT_MS, () => {
       if (!this.#busy) socket.destroy();
@@ -93,7 +105,11 @@ export class PolicySession {
     }
     this.#busy = true;
     this.#socket.pause();
-    const decided = Promise.resolve().then(() => connection.decide(request));
+    const decided = withDeadline(
+      Promise.resolve().then(() => connection.decide(request)),
+      this.#deadlineMs,
+      'the policy decision',
+    );
     decided.then(encodeAction).then(
       (reply) => {
         this.#busy = false;

@@ -41,6 +41,15 @@ const types = {
 
 export type Queryable = pg.Pool | pg.PoolClient;
 
+/**
+ * How long a statement waits for a lock, and a caller for a connection, before failing. A transaction
+ * stuck holding a lock (or a migration, or a full pool) then fails requests after this long, which the
+ * mail daemons answer as a temporary failure (a 4xx, or a policy disconnect), instead of holding
+ * Postfix's processes for as long as the stall lasts. Every hot path holds its locks for milliseconds.
+ */
+export const LOCK_TIMEOUT_MS = 20_000;
+export const CONNECT_TIMEOUT_MS = 20_000;
+
 const UNUSABLE = Symbol('unusable connection');
 
 /** Errors after which a connection cannot be trusted: it ended, or the server is going away (57P0x). */
@@ -56,16 +65,21 @@ function isConnectionError(error: Error): boolean {
 export class Database {
   readonly pool: pg.Pool;
 
-  constructor(connectionString: string, max = 20) {
+  constructor(
+    connectionString: string,
+    max = 20,
+    limits: { lockTimeoutMs?: number; connectTimeoutMs?: number } = {},
+  ) {
     this.pool = new pg.Pool({
       connectionString,
       max,
+      connectionTimeoutMillis: limits.connectTimeoutMs ?? CONNECT_TIMEOUT_MS,
       types: types as pg.CustomTypesConfig,
       // Every hot statement is a named prepared statement over indexed equality lookups: a generic plan
       // is as good as a custom one, and re-planning the larger ones (the gatekeeper's CTE, the event
       // listing) on every execution cost more CPU than running them.
       // UTC sessions print timestamptz in the one form parseTimestamptz reads by position.
-      options: '-c plan_cache_mode=force_generic_plan -c TimeZone=UTC',
+      options: `-c plan_cache_mode=force_generic_plan -c TimeZone=UTC -c lock_timeout=${limits.lockTimeoutMs ?? LOCK_TIMEOUT_MS}`,
       // A server gone without a reset (a crashed host, a failover, an idle-dropping firewall) would
       // leave a connection waiting for a reply forever; keepalive probes end it, and the query fails.
       keepAlive: true,

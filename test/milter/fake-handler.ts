@@ -60,7 +60,7 @@ export interface Started {
   logs: LogLine[];
 }
 
-export async function startFake(progressIntervalMs?: number): Promise<Started> {
+export async function startFake(progressIntervalMs?: number, decisionDeadlineMs?: number): Promise<Started> {
   const handler = new FakeHandler();
   const logs: LogLine[] = [];
   const milter = await startMilterServer({
@@ -68,6 +68,7 @@ export async function startFake(progressIntervalMs?: number): Promise<Started> {
     handler,
     log: (line) => logs.push(line),
     ...(progressIntervalMs === undefined ? {} : { progressIntervalMs }),
+    ...(decisionDeadlineMs === undefined ? {} : { decisionDeadlineMs }),
   });
   return { milter, handler, logs };
 }

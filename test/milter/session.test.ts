@@ -26,8 +26,11 @@ afterEach(async () => {
   clients = [];
 });
 
-async function setup(progressIntervalMs?: number): Promise<Started & { mta: MtaClient }> {
-  const s = await startFake(progressIntervalMs);
+async function setup(
+  progressIntervalMs?: number,
+  decisionDeadlineMs?: number,
+): Promise<Started & { mta: MtaClient }> {
+  const s = await startFake(progressIntervalMs, decisionDeadlineMs);
   started.push(s);
   const mta = await MtaClient.connect(s.milter.address);
   clients.push(mta);
@@ -478,6 +481,32 @@ describe('flow control', () => {
     const progress = replies.slice(0, -1);
     assert.ok(progress.length >= 3, `only ${progress.length} progress packets`);
     assert.deepEqual(new Set(progress), new Set(['p']));
+  });
+
+  test('an end() past the decision deadline is answered t, and its late accept is undone', async () => {
+    const { mta, handler, logs } = await setup(50, 300);
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    let decide = () => {};
+    handler.end = () =>
+      new Promise((resolve) => {
+        decide = () => resolve({ verdict: ACCEPT });
+      });
+    const replies = await bodyAndEnd(mta, ['x\r\n']);
+    assert.equal(replies.at(-1), 't');
+    assert.ok(replies.slice(0, -1).every((reply) => reply === 'p'));
+    assert.match(String(logs.find((l) => l.msg === 'milter handler failed')?.error), /longer than 300 ms/);
+    assert.equal(handler.messages[0]?.undelivered, 0);
+    decide();
+    await sleep(20);
+    assert.equal(handler.messages[0]?.undelivered, 1);
+    // The connection goes on: the next message is decided as usual.
+    handler.end = async () => ({ verdict: ACCEPT });
+    mta.mail('<s@allowed.test>');
+    mta.rcpt('<good@svc.test>');
+    assert.equal(await headers(mta, [], '4jWnfw5jrjzJHgd'), 'c');
+    assert.deepEqual(await bodyAndEnd(mta, ['y\r\n']), ['c']);
   });
 
   test('the next packet is not handled before body() resolves', async () => {

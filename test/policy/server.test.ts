@@ -219,6 +219,24 @@ describe('policy server connections', () => {
     assert.match(String(warning?.error), /database unreachable/);
   });
 
+  test('a decision past its deadline (a stalled database) closes the socket without a reply and logs it', async () => {
+    const { handler, connections } = recordingHandler(() => new Promise<Verdict>(() => {}));
+    const server = await startPolicyServer({
+      listen: { host: '127.0.0.1', port: 0 },
+      handler,
+      log: (line) => logs.push(line),
+      decisionDeadlineMs: 200,
+    });
+    servers.push(server);
+    const client = new Client(server);
+    client.socket.write(rcpt('good@svc.test'));
+    assert.equal(await client.closed, '');
+    await waitFor(() => connections[0]?.closed === 1);
+    const warning = logs.find((l) => l.level === 'warn');
+    assert.match(String(warning?.msg), /decision failed/);
+    assert.match(String(warning?.error), /longer than 200 ms/);
+  });
+
   test('a request queued behind a failed decision is never answered', async () => {
     const { handler, connections } = recordingHandler(async (request) => {
       if (request.recipient.startsWith('nosuch')) throw new Error('boom');
