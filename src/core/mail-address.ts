@@ -1,5 +1,13 @@
 /**
- * mail-address - how mail addresses map to inboxes (contract section 1: `<inbox_id>@{mail_domain}`).
+ * mail-address - how mail addresses map to inboxes (contract section 1: `<inbox_id>@{mail_domain}`),
+ * and the one written form of an SMTP address every part of the service reports.
+ *
+ * One address reaches us in three spellings: the milter sees the MAIL and RCPT arguments as the client
+ * wrote them (`<"john"@example.com>`, `<@relay:box@svc>`), the policy daemon gets Postfix's internal
+ * form with the quotes taken off (`john doe@example.com`), and the receiver gets Postfix's requoting of
+ * that. smtpAddress() and quotedAddress() turn the first two into the third, so a recipient is the same
+ * inbox at RCPT and at end of data, and `envelope_from` is the same string on a message and on every
+ * rejection of its sender (contract section 2).
  */
 import { INBOX_ID } from './ids.ts';
 
@@ -19,4 +27,64 @@ export function domainOf(address: string): string | null {
   if (at < 0 || at === address.length - 1) return null;
   const domain = address.slice(at + 1).toLowerCase();
   return domain.endsWith('.') ? domain.slice(0, -1) : domain;
+}
+
+/** The domain part of an address, compared as inbox addresses are: in any case. */
+export function inMailDomain(address: string, mailDomain: string): boolean {
+  const at = address.lastIndexOf('@');
+  return at > 0 && address.slice(at + 1).toLowerCase() === mailDomain.toLowerCase();
+}
+
+/**
+ * An SMTP path's address as Postfix passes it on (RFC 5321 4.1.2): without angle brackets and source
+ * route (`@a,@b:`), the local part unquoted and quoted again only where a dot-string does not allow it.
+ * `<>` is ''.
+ */
+export function smtpAddress(path: string): string {
+  let rest = path.startsWith('<') && path.endsWith('>') ? path.slice(1, -1) : path;
+  if (rest.startsWith('@')) {
+    const colon = rest.indexOf(':');
+    if (colon > 0) rest = rest.slice(colon + 1);
+  }
+  // The local part, unquoted, up to the last @ outside quotes; the domain as written.
+  let local = '';
+  let atLocal = -1;
+  let quoted = false;
+  for (let i = 0; i < rest.length; i++) {
+    const ch = rest[i] as string;
+    if (quoted && ch === '\\' && i + 1 < rest.length) {
+      local += rest[++i];
+    } else if (ch === '"') {
+      quoted = !quoted;
+    } else {
+      if (ch === '@' && !quoted) atLocal = local.length;
+      local += ch;
+    }
+  }
+  if (atLocal < 0) return quoteLocalPart(local);
+  return `${quoteLocalPart(local.slice(0, atLocal))}@${local.slice(atLocal + 1)}`;
+}
+
+/** An address in Postfix's internal form (the local part unquoted, as policy requests carry it), quoted. */
+export function quotedAddress(internal: string): string {
+  const at = internal.lastIndexOf('@');
+  if (at < 0) return quoteLocalPart(internal);
+  return `${quoteLocalPart(internal.slice(0, at))}@${internal.slice(at + 1)}`;
+}
+
+/** Characters besides controls and space that a dot-string cannot hold (RFC 5321 4.1.2; 8-bit clean). */
+const SPECIALS = '<>()[]\\,;:@"';
+
+function isDotString(local: string): boolean {
+  if (local.startsWith('.') || local.endsWith('.') || local.includes('..')) return false;
+  for (let i = 0; i < local.length; i++) {
+    const code = local.charCodeAt(i);
+    if (code <= 0x20 || code === 0x7f || SPECIALS.includes(local[i] as string)) return false;
+  }
+  return true;
+}
+
+function quoteLocalPart(local: string): string {
+  if (local === '') return '';
+  return isDotString(local) ? local : `"${local.replace(/["\\]/g, '\\$&')}"`;
 }

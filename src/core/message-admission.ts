@@ -13,7 +13,7 @@ import { addSeconds, type Clock } from './clock.ts';
 import { newMessageId } from './ids.ts';
 import { closedInbox } from './inbox-gate.ts';
 import type { LifecycleSettings } from './lifecycle.ts';
-import { inboxIdOf } from './mail-address.ts';
+import { inboxIdOf, inMailDomain } from './mail-address.ts';
 import type { InboxRecord } from './model.ts';
 import { OptOuts } from './opt-outs.ts';
 import type { AuthVerdict, InboxStore, MessageKey, MessageStore } from './ports.ts';
@@ -81,7 +81,9 @@ export class MessageAdmission {
 
     // The inboxes only, with the From: domain's opt-outs in the same read: their usage is read under
     // the inbox lock when reserving (reserveAll).
-    const addressed = facts.recipients.map((recipient) => inboxIdOf(recipient, this.#settings.mailDomain));
+    const addressed = ourRecipients(facts.recipients, this.#settings.mailDomain).map((recipient) =>
+      inboxIdOf(recipient, this.#settings.mailDomain),
+    );
     const found = await this.#inboxes.findWithOptOuts(
       [...new Set(addressed.filter((id): id is string => id !== null))],
       auth.fromDomain ? OptOuts.namesCovering(auth.fromDomain) : [],
@@ -199,4 +201,15 @@ function agreed(outcomes: (Outcome | null)[]): Outcome | null | 'disagree' {
   if (first === undefined) return null;
   const key = (o: Outcome | null) => (o ? `${o.verdict.code} ${o.verdict.text}` : 'accept');
   return rest.every((o) => key(o) === key(first)) ? first : 'disagree';
+}
+
+/**
+ * The recipients this decision is about. Postfix accepts a bare `postmaster` without asking the policy
+ * daemon (RFC 5321 4.5.1) and routes it to `discard:`; beside an inbox address it is left to that (else
+ * the message would get a 451 on every retry for disagreeing with the inbox), alone it is answered
+ * "no such inbox" like any address that is not an inbox.
+ */
+function ourRecipients(recipients: string[], mailDomain: string): string[] {
+  const ours = recipients.filter((recipient) => inMailDomain(recipient, mailDomain));
+  return ours.length > 0 ? ours : recipients;
 }

@@ -16,7 +16,7 @@
 import { addSeconds, type Clock } from './clock.ts';
 import { closedInbox, freeBytes } from './inbox-gate.ts';
 import type { LifecycleSettings } from './lifecycle.ts';
-import { domainOf, inboxIdOf } from './mail-address.ts';
+import { domainOf, inboxIdOf, quotedAddress } from './mail-address.ts';
 import type { InboxSettings } from './model.ts';
 import { OptOuts } from './opt-outs.ts';
 import type { InboxStore, MessageStore, RecipientLookup, RecipientTarget, ReverseDns } from './ports.ts';
@@ -175,7 +175,7 @@ export class RecipientAdmission {
       {
         inboxId: inbox.inboxId,
         reason,
-        envelopeFrom: request.sender,
+        envelopeFrom: quotedAddress(request.sender),
         senderDomain,
         sizeBytes: request.size,
         internetMessageId: null,

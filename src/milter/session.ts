@@ -22,6 +22,7 @@
  *   logged.
  */
 import { DeadlineExceeded, withDeadline } from '../core/deadline.ts';
+import { smtpAddress } from '../core/mail-address.ts';
 import type { Refusal } from '../core/verdict.ts';
 import type { Log } from '../log.ts';
 import {
@@ -170,7 +171,7 @@ export class MilterSession {
         this.#beginTransaction(command.args);
         break;
       case 'rcpt':
-        this.#transaction('RCPT').recipients.push(unbracket(command.args[0] ?? ''));
+        this.#transaction('RCPT').recipients.push(smtpAddress(command.args[0] ?? ''));
         break;
       case 'header':
         answer = this.#onHeader(command);
@@ -222,7 +223,7 @@ export class MilterSession {
   #beginTransaction(args: string[]): void {
     this.#endTransaction('M');
     this.#tx = {
-      envelopeFrom: unbracket(args[0] ?? ''),
+      envelopeFrom: smtpAddress(args[0] ?? ''),
       mailArgs: args.slice(1),
       recipients: [],
       headers: [],
@@ -416,10 +417,6 @@ export class MilterSession {
 }
 
 /** `<a@b>` → `a@b`, `<>` → ''. */
-function unbracket(address: string): string {
-  return address.startsWith('<') && address.endsWith('>') ? address.slice(1, -1) : address;
-}
-
 /** The answer for a transaction that failed: a header limit's refusal for good, anything else for now. */
 function failure(tx: Transaction): Answer {
   return tx.tooLarge ?? 'tempfail';

@@ -1,0 +1,46 @@
+/**
+ * mail-address: an SMTP path as the client wrote it, and Postfix's internal form of it, both come out as
+ * Postfix itself writes the address to the receiver. The expected column is what Postfix 3.7's LMTP
+ * client sent for each MAIL FROM (captured with a line-logging LMTP server in front of `make run`'s
+ * configuration, 2026-11-25).
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { inboxIdOf, inMailDomain, quotedAddress, smtpAddress } from '../../src/core/mail-address.ts';
+
+// [as the client wrote it, Postfix's internal form (a policy request's sender), as Postfix sent it on]
+const FORMS: [string, string, string][] = [
+  ['<"john doe"@lax.test>', 'john doe@lax.test', '"john doe"@lax.test'],
+  ['<john..doe@lax.test>', 'john..doe@lax.test', '"john..doe"@lax.test'],
+  ['<"john"@lax.test>', 'john@lax.test', 'john@lax.test'],
+  ['<"a@b"@lax.test>', 'a@b@lax.test', '"a@b"@lax.test'],
+  ['<".x"@lax.test>', '.x@lax.test', '".x"@lax.test'],
+  ['<"x."@lax.test>', 'x.@lax.test', '"x."@lax.test'],
+  ['<"a\\"b"@lax.test>', 'a"b@lax.test', '"a\\"b"@lax.test'],
+  ['<@r1,@r2:plain@lax.test>', 'plain@lax.test', 'plain@lax.test'],
+  ['<ü@lax.test>', 'ü@lax.test', 'ü@lax.test'],
+  ['<"a,b"@lax.test>', 'a,b@lax.test', '"a,b"@lax.test'],
+  ['<>', '', ''],
+];
+
+test('an SMTP path and its internal form both come out as Postfix writes the address', () => {
+  for (const [written, internal, expected] of FORMS) {
+    assert.equal(smtpAddress(written), expected, written);
+    assert.equal(quotedAddress(internal), expected, internal);
+  }
+  assert.equal(smtpAddress('postmaster'), 'postmaster');
+});
+
+test('a quoted or source-routed inbox address names the inbox; only MAIL_DOMAIN addresses are ours', () => {
+  const id = 'n2dqmseh503y786yqfst';
+  for (const written of [
+    `<"${id}"@svc.test>`,
+    `<@relay.example:${id}@SVC.test>`,
+    `"${id.toUpperCase()}"@svc.test`,
+  ]) {
+    assert.equal(inboxIdOf(smtpAddress(written), 'svc.test'), id, written);
+    assert.equal(inMailDomain(smtpAddress(written), 'svc.test'), true, written);
+  }
+  assert.equal(inMailDomain('postmaster', 'svc.test'), false);
+  assert.equal(inMailDomain('a@other.test', 'svc.test'), false);
+});

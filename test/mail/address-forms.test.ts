@@ -1,0 +1,89 @@
+/**
+ * An address reaches the policy daemon unquoted (Postfix's internal form) and the milter as the client
+ * wrote it (mail-address.ts). Both must mean the same inbox and report the same sender: a quoted or
+ * source-routed inbox address is delivered, not refused at end of data; a bare `postmaster` beside an
+ * inbox (Postfix accepts it without asking the policy daemon) does not hold the inbox's mail back; and
+ * `envelope_from` is one string on the stored message and on rejections at RCPT and at end of data.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
+import { queuedAs } from '../support/smtp-client.ts';
+
+const QUOTA_BYTES = 100_000;
+
+let s: MailStack;
+before(async () => {
+  s = await startMailStack({ env: { QUOTA_BYTES: String(QUOTA_BYTES), POLL_RATE_BURST: '100000' } });
+});
+after(() => s?.close());
+
+const poll = async (inbox: ProvisionedInbox) =>
+  (await s.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, { token: inbox.credentials.owner })).json;
+
+const arrived = (inbox: ProvisionedInbox, count: number) =>
+  s.waitFor(`${count} message(s) in ${inbox.inbox_id}`, async () => {
+    const p = await poll(inbox);
+    return p.messages.length >= count ? p.messages : undefined;
+  });
+
+test('an inbox address written quoted, or behind a source route, is delivered to the inbox', async () => {
+  const inbox = await s.provision();
+  for (const to of [`"${inbox.inbox_id}"@svc.test`, `@relay.example:${inbox.inbox_id}@svc.test`]) {
+    const replies = await s.send({ to: [to], message: plainMessage({ to: inbox.address }) });
+    assert.ok(queuedAs(replies), `${to}: ${replies.end?.text}`);
+  }
+  assert.equal((await arrived(inbox, 2)).length, 2);
+});
+
+test('a bare postmaster beside an inbox leaves the message to the inbox; alone it is no such inbox', async () => {
+  const inbox = await s.provision();
+  const both = await s.send({
+    to: [inbox.address, 'postmaster'],
+    message: plainMessage({ to: inbox.address }),
+  });
+  assert.deepEqual(
+    both.rcpt.map((r) => r.code),
+    [250, 250],
+  );
+  assert.ok(queuedAs(both), both.end?.text);
+  assert.equal((await arrived(inbox, 1)).length, 1);
+
+  const alone = await s.send({ to: ['postmaster'], message: plainMessage({ to: 'postmaster' }) });
+  assert.equal(alone.end?.text, '555 5.7.1 svc.test: no such inbox');
+});
+
+test('a quoted sender is one envelope_from on the message and on rejections at RCPT and at end of data', async () => {
+  const sender = '"john doe"@allowed.test';
+  const open = await s.provision();
+  const listed = await s.provision(['other.test']);
+  // From: lax.test (DMARC p=none): the unaligned envelope is not refused for DMARC.
+  const message = plainMessage({ to: open.address, from: 'sender@lax.test' });
+  assert.ok(queuedAs(await s.send({ from: sender, to: [open.address], message })));
+  // Refused at RCPT: the declared size is over the free quota.
+  const big = await s.send({
+    from: sender,
+    to: [open.address],
+    message,
+    mailParams: `SIZE=${QUOTA_BYTES + 1}`,
+  });
+  assert.match(big.rcpt[0]?.text ?? '', /^555 5\.7\.1 .*mailbox quota exceeded/);
+  // Refused at end of data: not from a listed domain.
+  const unlisted = await s.send({ from: sender, to: [listed.address], message });
+  assert.match(unlisted.end?.text ?? '', /^451 /);
+
+  const [stored] = await arrived(open, 1);
+  const quota = (await poll(open)).rejections;
+  const notAllowed = (await poll(listed)).rejections;
+  assert.deepEqual(
+    [
+      stored.envelope_from,
+      quota[0]?.reason,
+      quota[0]?.envelope_from,
+      notAllowed[0]?.reason,
+      notAllowed[0]?.envelope_from,
+    ],
+    [sender, 'quota', sender, 'sender_not_allowed', sender],
+  );
+});
