@@ -108,6 +108,20 @@ async function start(handler: PolicyHandler, listen: { host: string; port: numbe
 }
 const startInet = (handler: PolicyHandler) => start(handler, { host: '127.0.0.1', port: 0 });
 
+/**
+ * Sends one request and expects internal trouble's handling: the socket closed with no byte written,
+ * close() called, a warning logged (returned).
+ */
+async function droppedWithoutReply(server: PolicyServer, connections: { closed: number }[]) {
+  const client = new Client(server);
+  client.socket.write(rcpt('good@svc.test'));
+  assert.equal(await client.closed, '');
+  await waitFor(() => connections[0]?.closed === 1);
+  const warning = logs.find((l) => l.level === 'warn');
+  assert.match(String(warning?.msg), /decision failed/);
+  return warning;
+}
+
 describe('policy server transcripts', () => {
   test('a known recipient is answered action=DUNNO and an unknown one action=555 5.7.1 svc: no such inbox', async () => {
     const { handler } = recordingHandler(inboxRule);
@@ -208,13 +222,7 @@ describe('policy server connections', () => {
     const { handler, connections } = recordingHandler(async () => {
       throw new Error('database unreachable');
     });
-    const server = await startInet(handler);
-    const client = new Client(server);
-    client.socket.write(rcpt('good@svc.test'));
-    assert.equal(await client.closed, '');
-    await waitFor(() => connections[0]?.closed === 1);
-    const warning = logs.find((l) => l.level === 'warn');
-    assert.match(String(warning?.msg), /decision failed/);
+    const warning = await droppedWithoutReply(await startInet(handler), connections);
     assert.equal(warning?.instance, '6717.6b016c6e.a2268.0');
     assert.match(String(warning?.error), /database unreachable/);
   });
@@ -228,12 +236,7 @@ describe('policy server connections', () => {
       decisionDeadlineMs: 200,
     });
     servers.push(server);
-    const client = new Client(server);
-    client.socket.write(rcpt('good@svc.test'));
-    assert.equal(await client.closed, '');
-    await waitFor(() => connections[0]?.closed === 1);
-    const warning = logs.find((l) => l.level === 'warn');
-    assert.match(String(warning?.msg), /decision failed/);
+    const warning = await droppedWithoutReply(server, connections);
     assert.match(String(warning?.error), /longer than 200 ms/);
   });
 
