@@ -36,33 +36,53 @@ export function inMailDomain(address: string, mailDomain: string): boolean {
 }
 
 /**
- * An SMTP path's address as Postfix passes it on (RFC 5321 4.1.2): without angle brackets and source
- * route (`@a,@b:`), the local part unquoted and quoted again only where a dot-string does not allow it.
- * `<>` is ''.
+ * An SMTP path's address as Postfix passes it on (RFC 5321 4.1.2), read the way Postfix's lenient
+ * parser reads it: angle brackets, a source route (`@a,@b:`), comments and unquoted white space are
+ * dropped; quotes are taken off and a backslash escapes the next character, inside quotes or not; a
+ * domain literal stays as written. The local part is then quoted again only where a dot-string does
+ * not allow it. `<>` is ''.
  */
 export function smtpAddress(path: string): string {
-  let rest = path.startsWith('<') && path.endsWith('>') ? path.slice(1, -1) : path;
-  if (rest.startsWith('@')) {
-    const colon = rest.indexOf(':');
-    if (colon > 0) rest = rest.slice(colon + 1);
-  }
-  // The local part, unquoted, up to the last @ outside quotes; the domain as written.
-  let local = '';
-  let atLocal = -1;
+  const trimmed = path.trim();
+  const inner = trimmed.startsWith('<') && trimmed.endsWith('>') ? trimmed.slice(1, -1) : trimmed;
+  // Each character kept, and whether it was quoted or escaped (then it separates nothing).
+  const kept: { ch: string; literal: boolean }[] = [];
   let quoted = false;
-  for (let i = 0; i < rest.length; i++) {
-    const ch = rest[i] as string;
-    if (quoted && ch === '\\' && i + 1 < rest.length) {
-      local += rest[++i];
+  let literal = false;
+  let comment = 0;
+  for (let i = 0; i < inner.length; i++) {
+    const ch = inner[i] as string;
+    if (ch === '\\' && i + 1 < inner.length) {
+      i++;
+      if (comment === 0) kept.push({ ch: inner[i] as string, literal: true });
+    } else if (comment > 0) {
+      if (ch === '(') comment++;
+      else if (ch === ')') comment--;
+    } else if (quoted) {
+      if (ch === '"') quoted = false;
+      else kept.push({ ch, literal: true });
+    } else if (literal) {
+      if (ch === ']') literal = false;
+      kept.push({ ch, literal: true });
     } else if (ch === '"') {
-      quoted = !quoted;
-    } else {
-      if (ch === '@' && !quoted) atLocal = local.length;
-      local += ch;
+      quoted = true;
+    } else if (ch === '(') {
+      comment = 1;
+    } else if (ch !== ' ' && ch !== '\t') {
+      if (ch === '[') literal = true;
+      kept.push({ ch, literal: ch === '[' });
     }
   }
-  if (atLocal < 0) return quoteLocalPart(local);
-  return `${quoteLocalPart(local.slice(0, atLocal))}@${local.slice(atLocal + 1)}`;
+  const separator = (c: { ch: string; literal: boolean }, ch: string) => !c.literal && c.ch === ch;
+  const route = kept[0] && separator(kept[0], '@') ? kept.findIndex((c) => separator(c, ':')) : -1;
+  const address = kept.slice(route + 1);
+  const at = address.findLastIndex((c) => separator(c, '@'));
+  const text = (from: number, to?: number) =>
+    address
+      .slice(from, to)
+      .map((c) => c.ch)
+      .join('');
+  return at < 0 ? quoteLocalPart(text(0)) : `${quoteLocalPart(text(0, at))}@${text(at + 1)}`;
 }
 
 /** An address in Postfix's internal form (the local part unquoted, as policy requests carry it), quoted. */

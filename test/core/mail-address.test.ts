@@ -23,11 +23,31 @@ const FORMS: [string, string, string][] = [
   ['<>', '', ''],
 ];
 
+// Paths RFC 5321 does not allow but Postfix reads leniently (comments, white space, escapes outside
+// quotes): [as written, as Postfix's LMTP client sent it on (captured the same way)].
+const LENIENT: [string, string][] = [
+  ['<john(comment)@lax.test>', 'john@lax.test'],
+  ['<(c)x@lax.test>', 'x@lax.test'],
+  ['<x@lax.test(c)>', 'x@lax.test'],
+  ['< sp@lax.test>', 'sp@lax.test'],
+  ['<x@ lax.test>', 'x@lax.test'],
+  ['<"a"@lax.test >', 'a@lax.test'],
+  ['<a\\@b@lax.test>', '"a@b"@lax.test'],
+  ['<a\\ b@lax.test>', '"a b"@lax.test'],
+  ['<\\x@lax.test>', 'x@lax.test'],
+  ['<"x\\\\y"@lax.test>', '"x\\\\y"@lax.test'],
+  ['<"a"."b"@lax.test>', 'a.b@lax.test'],
+  ['<a."b c"@lax.test>', '"a.b c"@lax.test'],
+  ['<@[1.2.3.4]:"x y"@lax.test>', '"x y"@lax.test'],
+  ['<"x"@[127.0.0.3]>', 'x@[127.0.0.3]'],
+];
+
 test('an SMTP path and its internal form both come out as Postfix writes the address', () => {
   for (const [written, internal, expected] of FORMS) {
     assert.equal(smtpAddress(written), expected, written);
     assert.equal(quotedAddress(internal), expected, internal);
   }
+  for (const [written, expected] of LENIENT) assert.equal(smtpAddress(written), expected, written);
   assert.equal(smtpAddress('postmaster'), 'postmaster');
 });
 
