@@ -29,6 +29,14 @@ export interface MessageFacts {
   sizeBytes: number;
   internetMessageId: string | null;
   auth: AuthVerdict;
+  /** What Postfix's Received field will repeat of the client's words (receivedAllowance). */
+  trace: ReceivedTrace;
+}
+
+export interface ReceivedTrace {
+  helo: string | null;
+  clientName: string | null;
+  clientAddress: string;
 }
 
 export interface MessageSettings extends LifecycleSettings {
@@ -40,10 +48,27 @@ export interface MessageSettings extends LifecycleSettings {
 
 /**
  * Bytes reserved beyond the message as sent, for the two fields added before it is stored: our
- * Authentication-Results (counted exactly) and Postfix's Received (at most this allowance). The stored
- * message then counts its real size, so an inbox never holds more than its quota.
+ * Authentication-Results (counted exactly) and Postfix's Received (at most receivedAllowance()). The
+ * stored message then counts its real size, so an inbox never holds more than its quota.
+ *
+ * Postfix's Received field is `from HELO (NAME [ADDRESS])`, `by` our host name `(Postfix) with
+ * ESMTPSA id` the queue id, a TLS comment of up to a few hundred bytes, `for <RECIPIENT>` and the date.
+ * RECEIVED_ALLOWANCE_BYTES covers all but the client's own words, which it sizes: its HELO name (up to
+ * Postfix's 2,048-byte command line; a fixed 2 KiB for everything let a long HELO overfill an inbox,
+ * until 2026-11-25), its host name and address, and the longest recipient.
  */
-export const RECEIVED_ALLOWANCE_BYTES = 2048;
+export const RECEIVED_ALLOWANCE_BYTES = 1024;
+
+export function receivedAllowance(trace: ReceivedTrace, recipients: string[]): number {
+  const bytes = (text: string | null) => (text ? Buffer.byteLength(text) : 0);
+  return (
+    RECEIVED_ALLOWANCE_BYTES +
+    bytes(trace.helo) +
+    bytes(trace.clientName) +
+    bytes(trace.clientAddress) +
+    Math.max(0, ...recipients.map(bytes))
+  );
+}
 
 type Recorded = { reason: 'quota' | 'sender_not_allowed' | 'sender_opted_out'; senderDomain: string | null };
 type Outcome = { verdict: Refusal; record?: Recorded };
@@ -120,7 +145,7 @@ export class MessageAdmission {
     const reservedBytes =
       facts.sizeBytes +
       Buffer.byteLength(`Authentication-Results: ${auth.headerValue}\r\n`) +
-      RECEIVED_ALLOWANCE_BYTES;
+      receivedAllowance(facts.trace, facts.recipients);
     // Every recipient was accepted above, so every inbox exists.
     const inboxIds = [...new Set(targets.map((target) => (target as InboxRecord).inboxId))];
     const reservations = inboxIds.map((inboxId) => ({

@@ -76,6 +76,11 @@ export class MilterCheck implements MilterHandler {
             sizeBytes,
             internetMessageId: firstValue(headers, 'message-id'),
             auth: verdict,
+            trace: {
+              helo: envelope.helo,
+              clientName: envelope.clientName,
+              clientAddress: envelope.clientAddress,
+            },
           },
           (keys) => {
             reserved = keys;

@@ -6,7 +6,7 @@
  * `555 5.7.1 svc.test: mailbox quota exceeded` and a `quota` event; a declared SIZE= over it is refused
  * at RCPT; mail in flight (reserved by the milter, not yet stored over LMTP) counts; concurrent
  * deliveries never overfill an inbox. The milter reserves size-as-sent + our Authentication-Results +
- * RECEIVED_ALLOWANCE_BYTES; the stored message then counts its real size. Sizes below keep margins of
+ * receivedAllowance() (which grows with the client's HELO); the stored message then counts its real size. Sizes below keep margins of
  * several KB either side of every boundary.
  *
  * Size: a single message is at most 25 MiB (26214400 bytes) counted as the sender sends it; exactly
@@ -16,7 +16,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import { RECEIVED_ALLOWANCE_BYTES } from '../../src/core/message-admission.ts';
+import { receivedAllowance } from '../../src/core/message-admission.ts';
 import { HEADERS_TOO_LARGE } from '../../src/milter/session.ts';
 import { MAIL_DOMAIN, type MailStack, startMailStack } from '../support/mail-stack.ts';
 import { queuedAs } from '../support/smtp-client.ts';
@@ -27,6 +27,9 @@ const TOO_BIG = '552 5.3.4 Message size exceeds fixed maximum message size';
 const MAX_MESSAGE_BYTES = 26_214_400;
 
 let serial = 0;
+
+/** How the test client appears in Postfix's Received field (dns-zone.ts names 127.0.0.3). */
+const TEST_CLIENT = { helo: 'mail.sender.test', clientName: 'mail.sender.test', clientAddress: '127.0.0.3' };
 
 /**
  * A message of exactly `size` bytes as sent (header, blank line, body), CRLF line ends, body lines of
@@ -181,9 +184,10 @@ describe('quota', () => {
 
       const inFlight = await status(inbox);
       assert.equal(inFlight.message_count, 1);
+      const allowance = receivedAllowance(TEST_CLIENT, [inbox.address]);
       assert.ok(
-        inFlight.quota_used_bytes >= first.length + RECEIVED_ALLOWANCE_BYTES &&
-          inFlight.quota_used_bytes < first.length + RECEIVED_ALLOWANCE_BYTES + 2_000,
+        inFlight.quota_used_bytes >= first.length + allowance &&
+          inFlight.quota_used_bytes < first.length + allowance + 2_000,
         `reserved ${inFlight.quota_used_bytes}`,
       );
       assert.equal((await poll(inbox)).messages.length, 0, 'poll lists only stored mail');
@@ -210,7 +214,7 @@ describe('quota', () => {
       const received = text.indexOf('\r\nReceived: ');
       assert.ok(text.startsWith('Authentication-Results: ') && received > 0, text.slice(0, 400));
       const authResultsField = received + 2;
-      assert.equal(inFlight.quota_used_bytes, first.length + authResultsField + RECEIVED_ALLOWANCE_BYTES);
+      assert.equal(inFlight.quota_used_bytes, first.length + authResultsField + allowance);
 
       // Once stored it counts its real size.
       const storedStatus = await status(inbox);
@@ -222,6 +226,27 @@ describe('quota', () => {
     } finally {
       await s.startDaemon('lmtp').catch(() => undefined);
     }
+  });
+
+  test("a client's long HELO name, repeated in Postfix's Received field, is reserved for: the stored message never outgrows its reservation", async () => {
+    // With a fixed 2 KiB for the Received field, a 2,000-byte HELO made the stored copy larger than
+    // what was reserved, and an inbox filled to its last byte went over its quota (a review found it).
+    const inbox = await s.provision();
+    const helo = `${'h'.repeat(1990)}.sender.test`;
+    await s.stopDaemon('lmtp');
+    let reserved = 0;
+    try {
+      const r = await s.send({ to: [inbox.address], message: messageOfSize(inbox.address, 20_000), helo });
+      assert.ok(queuedAs(r), r.end?.text);
+      reserved = (await status(inbox)).quota_used_bytes;
+    } finally {
+      await s.startDaemon('lmtp');
+    }
+    await s.postfix.flush();
+    const [m] = (await listed(inbox, 1)).messages;
+    const text = (await s.api.get(m.url, { token: inbox.credentials.reader })).bytes.toString('latin1');
+    assert.ok(text.includes(`Received: from ${helo} (`), 'the HELO is in the Received field');
+    assert.ok(m.size_bytes <= reserved, `stored ${m.size_bytes} > reserved ${reserved}`);
   });
 
   test('ten concurrent deliveries to an inbox with room for five: five accepted, five get the quota reply, the inbox never holds more than its quota', async () => {
