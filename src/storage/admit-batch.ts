@@ -121,8 +121,10 @@ export class AdmitBatcher<Row extends AdmitResultRow> {
       const columns = Array.from({ length: 10 }, (_, i) => batch.map((p) => p.params[i]));
       const rows = await this.#db.rows<Row & { n: number }>('admit-batch', ADMIT_BATCH_SQL, columns);
       for (const row of rows) byRequest[row.n - 1] = row;
-    } catch (error) {
-      for (const pending of batch) pending.reject(error);
+    } catch {
+      // One request's parameters can fail the shared statement for all (a value Postgres refuses):
+      // each runs alone, so only a request that fails on its own gets an error.
+      await Promise.all(batch.map((pending) => this.#runSingle(pending)));
       return;
     }
     const retries: Promise<void>[] = [];

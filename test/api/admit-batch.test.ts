@@ -201,3 +201,23 @@ test('the batch statement finds credentials by index and skips the usage scan un
   const read = await plan(true);
   assert.doesNotMatch(read.find((l) => / on messages\b/.test(l)) ?? '', /never executed/);
 });
+
+test('a request whose parameters Postgres refuses fails alone; the others in its batch are answered', async () => {
+  const { gate, statements } = gatekeeper(100);
+  const [a, b] = [await h.provision(), await h.provision()];
+  await gate.admit(request(a, a.credentials.reader));
+  await gate.admit(request(b, b.credentials.reader));
+  statements.length = 0;
+  // A NUL in text is refused by Postgres (22021): the shared statement fails for the whole batch.
+  const poison = { ...request(a, a.credentials.reader), inboxId: 'x\0y' };
+  const results = await Promise.allSettled([
+    gate.admit(request(a, a.credentials.reader)),
+    gate.admit(poison),
+    gate.admit(request(b, b.credentials.reader)),
+  ]);
+  assert.equal(statements[0], 'admit-batch');
+  assert.deepEqual(
+    results.map((r) => (r.status === 'fulfilled' ? outcome(r.value) : 'failed')),
+    [`${a.inbox_id} reader taken`, 'failed', `${b.inbox_id} reader taken`],
+  );
+});
