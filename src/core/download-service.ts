@@ -49,6 +49,8 @@ export class DownloadService {
     messageId: string,
     range: string | undefined,
     withBody: boolean,
+    /** An `If-Range` validator: the range applies only if it is this message's ETag (RFC 9110 13.1.5). */
+    ifRange?: string,
   ): Promise<Download> {
     const now = this.#clock.now();
     const found = await this.#messages.find(caller.inbox.inboxId, messageId);
@@ -74,7 +76,10 @@ export class DownloadService {
       throw new ServiceError('message_gone', 'This message was deleted (lost).', { reason: 'lost' });
     }
     const size = message.sizeBytes;
-    const wanted = parseRange(range, size);
+    // A message's bytes never change, so its id is a strong validator (RFC 9110 8.8.1). Messages
+    // stored while the receiver still hashed every byte keep the SHA-256 ETag they were served with.
+    const etag = `"${message.sha256 ? message.sha256.toString('base64url') : message.messageId}"`;
+    const wanted = ifRange !== undefined && ifRange !== etag ? undefined : parseRange(range, size);
     if (wanted === 'unsatisfiable') {
       throw new ServiceError(
         'range_not_satisfiable',
@@ -98,9 +103,7 @@ export class DownloadService {
       start,
       end,
       partial: wanted !== undefined,
-      // A message's bytes never change, so its id is a strong validator (RFC 9110 8.8.1). Messages
-      // stored while the receiver still hashed every byte keep the SHA-256 ETag they were served with.
-      etag: `"${message.sha256 ? message.sha256.toString('base64url') : message.messageId}"`,
+      etag,
       body: withBody ? this.#messages.readRange(message, start, end) : undefined,
     };
   }

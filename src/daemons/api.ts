@@ -18,6 +18,7 @@ import type { DependencyContainer } from 'tsyringe';
 import type { Config } from '../config/config.ts';
 import { TOKENS } from '../container.ts';
 import { createApp } from '../http/app.ts';
+import { answerClientErrors } from '../http/client-errors.ts';
 import type { HttpServices } from '../http/services.ts';
 
 export interface ApiServer {
@@ -33,6 +34,7 @@ export async function startApi(container: DependencyContainer, graceMs: number):
   const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
   const server = app.listen(config.apiPort, config.apiHost);
   server.keepAliveTimeout = 65_000;
+  answerClientErrors(server);
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);
     server.once('error', reject);

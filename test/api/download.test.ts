@@ -179,6 +179,23 @@ test('a range ending past the end is served up to the last byte', async () => {
   await assertRange(`bytes=0-${BIG_SIZE - 1}`, 0, BIG_SIZE - 1);
 });
 
+test("If-Range: the range applies with this message's ETag; with another validator the whole message is served", async () => {
+  const inbox = await h.provision();
+  const raw = 'Subject: if-range\r\n\r\n0123456789\r\n';
+  const id = await h.deliver(inbox.inbox_id, raw);
+  const etag = (await download(inbox, id)).headers.get('etag') as string;
+  const matching = await download(inbox, id, { Range: 'bytes=0-3', 'If-Range': etag });
+  assert.equal(matching.status, 206);
+  assert.equal(matching.text, raw.slice(0, 4));
+  // RFC 9110 13.1.5: the validator does not match, so the Range header is ignored.
+  for (const validator of ['"not-this-etag"', 'Wed, 21 Oct 2026 07:28:00 GMT']) {
+    const other = await download(inbox, id, { Range: 'bytes=0-3', 'If-Range': validator });
+    assert.equal(other.status, 200, validator);
+    assert.equal(other.headers.get('content-range'), null, validator);
+    assert.equal(other.text, raw, validator);
+  }
+});
+
 test('several ranges are ignored and the whole message is served with 200', async () => {
   const inbox = await h.provision();
   const raw = 'Subject: multi\r\n\r\n0123456789\r\n';

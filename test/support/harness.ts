@@ -121,7 +121,10 @@ export interface Harness {
 
 let queueCounter = 0;
 
-export async function startHarness(env: Record<string, string> = {}): Promise<Harness> {
+export async function startHarness(
+  env: Record<string, string> = {},
+  options: { log?: (line: Record<string, unknown>) => void } = {},
+): Promise<Harness> {
   const database = await freshDatabase();
   const clock = new FakeClock();
   const config = loadConfig({
@@ -133,7 +136,7 @@ export async function startHarness(env: Record<string, string> = {}): Promise<Ha
     DATABASE_URL: database.url,
     SECRET_KEY: env.SECRET_KEY ?? 'test-secret-key-0123456789abcdefghijklmnop',
   }) as Config & { secretKey: string };
-  const container = buildContainer(config, { clock, log: () => {}, poolSize: 10 });
+  const container = buildContainer(config, { clock, log: options.log ?? (() => {}), poolSize: 10 });
   const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
   const server: Server = await new Promise((resolve) => {
     const s = app.listen(0, '127.0.0.1', () => resolve(s));

@@ -55,7 +55,13 @@ export function registerMessageRoutes(router: Router, services: HttpServices): v
       async (caller, messageId, ctx) => {
         const isGet = ctx.method === 'GET';
         const range = ctx.get('Range') || undefined;
-        const download = await downloads.download(caller, messageId, range, isGet);
+        const download = await downloads.download(
+          caller,
+          messageId,
+          range,
+          isGet,
+          ctx.get('If-Range') || undefined,
+        );
         const size = download.message.sizeBytes;
         ctx.status = download.partial ? (isGet ? 206 : 200) : 200;
         ctx.set('ETag', download.etag);

@@ -1,0 +1,100 @@
+/**
+ * HTTP below the routes: a request Node's parser refuses gets the contract's error body; an error
+ * answered before the body was read closes the connection instead of leaving it hung; a client that
+ * goes away mid-body is not logged as our failure.
+ */
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { createServer } from 'node:http';
+import { connect, type Socket } from 'node:net';
+import { after, before, test } from 'node:test';
+import { answerClientErrors } from '../../src/http/client-errors.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
+
+let h: Harness;
+const logs: Record<string, unknown>[] = [];
+before(async () => {
+  h = await startHarness({}, { log: (line) => logs.push(line) });
+});
+after(() => h.close());
+
+const apiPort = () => Number(new URL(h.config.publicBaseUrl).port);
+
+/** Writes `bytes`, then collects what comes back until the server closes (or `ms` passes). */
+async function exchange(
+  port: number,
+  bytes: (Buffer | string)[],
+  ms = 5000,
+): Promise<{ text: string; closed: boolean }> {
+  const socket: Socket = connect(port, '127.0.0.1');
+  await once(socket, 'connect');
+  let text = '';
+  socket.on('data', (chunk: Buffer) => {
+    text += chunk.toString('latin1');
+  });
+  socket.on('error', () => {});
+  for (const piece of bytes) socket.write(piece);
+  const closed = await Promise.race([
+    once(socket, 'close').then(() => true),
+    new Promise<boolean>((resolve) => setTimeout(() => resolve(false), ms)),
+  ]);
+  socket.destroy();
+  return { text, closed };
+}
+
+test('a body over 64 KiB is answered 400 with Connection: close, and the connection is closed, not hung', async () => {
+  // Before: the 400 said keep-alive, the rest of the body was never read, and the next request on the
+  // connection got no answer until the server dropped it 66 s later.
+  const body = Buffer.alloc(200_000, 'x');
+  const { text, closed } = await exchange(apiPort(), [
+    `POST /v1/inboxes HTTP/1.1\r\nHost: x\r\nContent-Length: ${body.length}\r\n\r\n`,
+    body,
+    'GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n',
+  ]);
+  assert.ok(closed, 'the server closed the connection');
+  assert.match(text, /^HTTP\/1\.1 400 /);
+  assert.match(text, /\r\nConnection: close\r\n/i);
+  assert.match(text, /"code":"invalid_request"/);
+});
+
+test('a client that goes away mid-body is not logged as an internal error', async () => {
+  const socket = connect(apiPort(), '127.0.0.1');
+  await once(socket, 'connect');
+  socket.write('POST /v1/inboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"sender_');
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  socket.destroy();
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  assert.deepEqual(
+    logs.filter((line) => line.level === 'error'),
+    [],
+  );
+});
+
+test("requests Node's parser refuses get the contract's 400 invalid_request body", async () => {
+  const server = createServer((_request, response) => response.end('ok'));
+  answerClientErrors(server);
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const port = (server.address() as { port: number }).port;
+  try {
+    for (const [what, request, message] of [
+      ['a 100 KiB header', `GET / HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(100_000)}\r\n\r\n`, /too large/],
+      ['a request line that is not HTTP', 'NOT HTTP AT ALL\r\n\r\n', /not valid HTTP/],
+      [
+        'Content-Length with Transfer-Encoding',
+        'POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n',
+        /not valid HTTP/,
+      ],
+    ] as const) {
+      const { text, closed } = await exchange(port, [request]);
+      assert.ok(closed, what);
+      assert.match(text, /^HTTP\/1\.1 400 Bad Request\r\n/, what);
+      const body = JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4));
+      assert.equal(body.error.code, 'invalid_request', what);
+      assert.equal(body.error.details.field, 'request', what);
+      assert.match(body.error.message, message, what);
+    }
+  } finally {
+    server.close();
+  }
+});
