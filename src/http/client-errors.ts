@@ -9,7 +9,10 @@ import type { Duplex } from 'node:stream';
 
 export function answerClientErrors(server: Server): void {
   server.on('clientError', (error: NodeJS.ErrnoException, socket: Duplex) => {
-    if (error.code === 'ECONNRESET' || !socket.writable) {
+    // A response under way on this connection (a pipelined bad request during a download): writing
+    // ours would land inside its body. Node's own handler drops the connection then; so do we.
+    const responding = (socket as Duplex & { _httpMessage?: unknown })._httpMessage;
+    if (error.code === 'ECONNRESET' || !socket.writable || responding) {
       socket.destroy();
       return;
     }

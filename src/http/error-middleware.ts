@@ -54,7 +54,8 @@ export function errorMiddleware(log: Logger) {
 
 function toServiceError(caught: unknown, ctx: Context, log: Logger): ServiceError {
   if (caught instanceof ServiceError) return caught;
-  if (ctx.req.aborted || (caught as NodeJS.ErrnoException).code === 'ECONNRESET') {
+  // The client's own request stream ended early; not any ECONNRESET (the database's is ours: a 500).
+  if (ctx.req.aborted || (ctx.req.destroyed && !ctx.req.complete)) {
     return new ServiceError('invalid_request', 'The request was cut off.', { field: 'request' });
   }
   // Koa's own client errors (a malformed URL, say) are the client's fault, not ours.

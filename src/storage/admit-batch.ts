@@ -121,9 +121,16 @@ export class AdmitBatcher<Row extends AdmitResultRow> {
       const columns = Array.from({ length: 10 }, (_, i) => batch.map((p) => p.params[i]));
       const rows = await this.#db.rows<Row & { n: number }>('admit-batch', ADMIT_BATCH_SQL, columns);
       for (const row of rows) byRequest[row.n - 1] = row;
-    } catch {
-      // One request's parameters can fail the shared statement for all (a value Postgres refuses):
-      // each runs alone, so only a request that fails on its own gets an error.
+    } catch (error) {
+      // One request's parameters can fail the shared statement for all: a value Postgres refuses
+      // (SQLSTATE class 22, a NUL in text, say), raised before anything ran. Then each runs alone, so
+      // only that request gets the error. Any other failure (a lost connection, perhaps after the
+      // commit; a timeout) fails the batch: running it again could take a token twice, and would
+      // multiply the work against a database that is already failing.
+      if (!String((error as { code?: unknown }).code ?? '').startsWith('22')) {
+        for (const pending of batch) pending.reject(error);
+        return;
+      }
       await Promise.all(batch.map((pending) => this.#runSingle(pending)));
       return;
     }

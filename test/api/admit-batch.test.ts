@@ -221,3 +221,29 @@ test('a request whose parameters Postgres refuses fails alone; the others in its
     [`${a.inbox_id} reader taken`, 'failed', `${b.inbox_id} reader taken`],
   );
 });
+
+test('a batch that fails for any other reason (a lost connection, perhaps after its commit) is not run again', async () => {
+  // Running it again one by one could take a token twice, and multiplies the work against a
+  // database that is already failing (a review found both).
+  const { gate, statements, db } = gatekeeper(100);
+  const [a, b] = [await h.provision(), await h.provision()];
+  await gate.admit(request(a, a.credentials.reader));
+  await gate.admit(request(b, b.credentials.reader));
+  statements.length = 0;
+  const rows = db.rows;
+  db.rows = (name, text, values, on) => {
+    if (name !== 'admit-batch') return rows(name, text, values, on);
+    statements.push(name);
+    return Promise.reject(Object.assign(new Error('connection lost'), { code: '08006' }));
+  };
+  const results = await Promise.allSettled([
+    gate.admit(request(a, a.credentials.reader)),
+    gate.admit(request(b, b.credentials.reader)),
+  ]);
+  db.rows = rows;
+  assert.deepEqual(
+    results.map((r) => r.status),
+    ['rejected', 'rejected'],
+  );
+  assert.deepEqual(statements, ['admit-batch']);
+});

@@ -5,10 +5,15 @@
  */
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
-import { createServer } from 'node:http';
-import { connect, type Socket } from 'node:net';
+import { createServer, type Server } from 'node:http';
+import { connect, createServer as createTcpServer, type Socket } from 'node:net';
 import { after, before, test } from 'node:test';
+import { type Config, loadConfig } from '../../src/config/config.ts';
+import { buildContainer, TOKENS } from '../../src/container.ts';
+import { createApp } from '../../src/http/app.ts';
 import { answerClientErrors } from '../../src/http/client-errors.ts';
+import type { HttpServices } from '../../src/http/services.ts';
+import { FakeClock } from '../support/clock.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
@@ -95,6 +100,68 @@ test("requests Node's parser refuses get the contract's 400 invalid_request body
       assert.match(body.error.message, message, what);
     }
   } finally {
+    server.close();
+  }
+});
+
+test("a database that resets its connections is our failure: 500 internal and an error line, not the client's 400", async () => {
+  // An ECONNRESET from the database once passed for a client that hung up (a review found it).
+  const resetting = createTcpServer((socket) => socket.resetAndDestroy());
+  resetting.listen(0, '127.0.0.1');
+  await once(resetting, 'listening');
+  const lines: Record<string, unknown>[] = [];
+  const config = loadConfig({
+    ENVIRONMENT: 'dev',
+    PROVISIONING: 'open',
+    MAIL_DOMAIN: 'inbox.test',
+    DATABASE_URL: `postgres://postgres@127.0.0.1:${(resetting.address() as { port: number }).port}/none`,
+    SECRET_KEY: 'test-secret-key-0123456789abcdefghijklmnop',
+  }) as Config & { secretKey: string };
+  const container = buildContainer(config, {
+    clock: new FakeClock(),
+    log: (line) => lines.push(line),
+    poolSize: 2,
+  });
+  const api: Server = createApp(container.resolve<HttpServices>(TOKENS.HttpServices)).listen(0, '127.0.0.1');
+  await once(api, 'listening');
+  try {
+    const base = `http://127.0.0.1:${(api.address() as { port: number }).port}`;
+    const provision = await fetch(`${base}/v1/inboxes`, { method: 'POST', body: '{}' });
+    assert.equal(provision.status, 500, await provision.text());
+    assert.ok(lines.some((line) => line.level === 'error' && line.msg === 'internal error'));
+  } finally {
+    api.close();
+    resetting.close();
+  }
+});
+
+test('a request that fails to parse while a download is being sent closes the connection, without a 400 inside the body', async () => {
+  const inbox = await h.provision();
+  const big = `Subject: big\r\n\r\n${'0123456789abcdef'.repeat(1 << 18)}\r\n`; // 4 MiB
+  const id = await h.deliver(inbox.inbox_id, big);
+  const server = createApp(h.container.resolve<HttpServices>(TOKENS.HttpServices)).listen(0, '127.0.0.1');
+  answerClientErrors(server);
+  await once(server, 'listening');
+  try {
+    const socket = connect((server.address() as { port: number }).port, '127.0.0.1');
+    socket.on('error', () => {});
+    const chunks: Buffer[] = [];
+    const path = `/v1/inboxes/${inbox.inbox_id}/messages/${id}`;
+    socket.write(
+      `GET ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${inbox.credentials.reader}\r\n\r\n`,
+    );
+    chunks.push((await once(socket, 'data'))[0] as Buffer);
+    // The client stops reading, so the response stays under way, and sends a request that is not HTTP.
+    socket.pause();
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    socket.write('NOT HTTP AT ALL\r\n\r\n');
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    socket.on('data', (chunk: Buffer) => chunks.push(chunk));
+    socket.resume();
+    await once(socket, 'close');
+    assert.equal(Buffer.concat(chunks).toString('latin1').indexOf('HTTP/1.1 400', 10), -1);
+  } finally {
+    server.closeAllConnections();
     server.close();
   }
 });
