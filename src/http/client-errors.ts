@@ -2,17 +2,19 @@
  * client-errors - answers requests Node's HTTP parser refuses before Koa sees them (headers over its
  * limit, a request that is not HTTP/1.1, a request that takes too long to arrive) with the contract's
  * error body (section 7) instead of Node's bare, bodiless 400/431/408: `400 invalid_request`, field
- * `request`, and the connection closed.
+ * `request`, and the connection closed (after the answer is written, whether or not the client closes
+ * its side).
  */
 import type { Server } from 'node:http';
+import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 
 export function answerClientErrors(server: Server): void {
   server.on('clientError', (error: NodeJS.ErrnoException, socket: Duplex) => {
-    // A response under way on this connection (a pipelined bad request during a download): writing
-    // ours would land inside its body. Node's own handler drops the connection then; so do we.
-    const responding = (socket as Duplex & { _httpMessage?: unknown })._httpMessage;
-    if (error.code === 'ECONNRESET' || !socket.writable || responding) {
+    // A response whose bytes have begun to go out on this connection (a pipelined bad request during a
+    // download): ours would land inside its body. Node's own handler drops the connection then; so do we.
+    const current = (socket as Duplex & { _httpMessage?: { _headerSent?: boolean } })._httpMessage;
+    if (error.code === 'ECONNRESET' || !socket.writable || current?._headerSent) {
       socket.destroy();
       return;
     }
@@ -25,7 +27,7 @@ export function answerClientErrors(server: Server): void {
     const body = JSON.stringify({
       error: { code: 'invalid_request', message, details: { field: 'request' } },
     });
-    socket.end(
+    socket.write(
       [
         'HTTP/1.1 400 Bad Request',
         'Content-Type: application/json; charset=utf-8',
@@ -36,5 +38,6 @@ export function answerClientErrors(server: Server): void {
         body,
       ].join('\r\n'),
     );
+    (socket as Socket).destroySoon();
   });
 }

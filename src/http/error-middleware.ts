@@ -1,9 +1,7 @@
 /**
  * error-middleware - the only place that knows HTTP statuses (STYLE 5). A ServiceError becomes the
  * contract's error body with its status and headers; anything else is logged with the request id
- * and answered `500 internal`, with no detail for the peer. A client that went away mid-request is no
- * failure of ours: not logged as one. An error answered before the request body was read says
- * `Connection: close` (the unread rest would be parsed as the next request, and the connection hang).
+ * and answered `500 internal`, with no detail for the peer.
  */
 import type { Context, Next } from 'koa';
 import { type ErrorCode, ServiceError } from '../core/errors.ts';
@@ -37,7 +35,6 @@ export function errorMiddleware(log: Logger) {
       const error = toServiceError(caught, ctx, log);
       ctx.status = STATUS[error.code];
       ctx.set('Cache-Control', 'no-store');
-      if (!ctx.req.complete) ctx.set('Connection', 'close');
       if (error.code === 'rate_limited') ctx.set('Retry-After', String(error.details?.retry_after_seconds));
       if (error.code === 'range_not_satisfiable')
         ctx.set('Content-Range', `bytes */${error.details?.size_bytes}`);
@@ -54,10 +51,6 @@ export function errorMiddleware(log: Logger) {
 
 function toServiceError(caught: unknown, ctx: Context, log: Logger): ServiceError {
   if (caught instanceof ServiceError) return caught;
-  // The client's own request stream ended early; not any ECONNRESET (the database's is ours: a 500).
-  if (ctx.req.aborted || (ctx.req.destroyed && !ctx.req.complete)) {
-    return new ServiceError('invalid_request', 'The request was cut off.', { field: 'request' });
-  }
   // Koa's own client errors (a malformed URL, say) are the client's fault, not ours.
   const status = (caught as { status?: unknown }).status;
   if (

@@ -17,11 +17,22 @@ const MAX_BODY_BYTES = 64 * 1024;
 export async function readJsonBody(ctx: Context): Promise<unknown> {
   const chunks: Buffer[] = [];
   let size = 0;
-  for await (const chunk of ctx.req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > MAX_BODY_BYTES)
-      throw invalidRequest('body', `The request body is larger than ${MAX_BODY_BYTES} bytes.`);
-    chunks.push(chunk);
+  try {
+    for await (const chunk of ctx.req as AsyncIterable<Buffer>) {
+      size += chunk.length;
+      if (size > MAX_BODY_BYTES) {
+        // Leaving the loop destroys the request stream, so Node cannot read the rest of the body
+        // away: the connection is closed after the answer, not left to parse the rest as a request.
+        ctx.set('Connection', 'close');
+        throw invalidRequest('body', `The request body is larger than ${MAX_BODY_BYTES} bytes.`);
+      }
+      chunks.push(chunk);
+    }
+  } catch (error) {
+    if (size > MAX_BODY_BYTES) throw error;
+    // The client went away mid-body: its doing, not a failure of ours to log.
+    ctx.set('Connection', 'close');
+    throw invalidRequest('body', 'The request body was cut off.');
   }
   const text = Buffer.concat(chunks).toString('utf8');
   if (text.trim() === '') return undefined;
