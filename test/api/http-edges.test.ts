@@ -47,6 +47,34 @@ async function exchange(
   return { text, closed };
 }
 
+/** The API over a fake database server that treats each connection with `serve`; its log lines kept. */
+async function apiOverFakeDatabase(serve: (socket: Socket) => void) {
+  const database = createTcpServer(serve);
+  database.listen(0, '127.0.0.1');
+  await once(database, 'listening');
+  const lines: Record<string, unknown>[] = [];
+  const config = loadConfig({
+    ENVIRONMENT: 'dev',
+    PROVISIONING: 'open',
+    MAIL_DOMAIN: 'inbox.test',
+    DATABASE_URL: `postgres://postgres@127.0.0.1:${(database.address() as { port: number }).port}/none`,
+    SECRET_KEY: 'test-secret-key-0123456789abcdefghijklmnop',
+  }) as Config & { secretKey: string };
+  const container = buildContainer(config, {
+    clock: new FakeClock(),
+    log: (line) => lines.push(line),
+    poolSize: 2,
+  });
+  const api: Server = createApp(container.resolve<HttpServices>(TOKENS.HttpServices)).listen(0, '127.0.0.1');
+  await once(api, 'listening');
+  const close = () => {
+    api.closeAllConnections();
+    api.close();
+    database.close();
+  };
+  return { api, lines, close };
+}
+
 test('a body over 64 KiB is answered 400 with Connection: close, and the connection is closed, not hung', async () => {
   // Before: the 400 said keep-alive, the rest of the body was never read, and the next request on the
   // connection got no answer until the server dropped it 66 s later.
@@ -106,32 +134,14 @@ test("requests Node's parser refuses get the contract's 400 invalid_request body
 
 test("a database that resets its connections is our failure: 500 internal and an error line, not the client's 400", async () => {
   // An ECONNRESET from the database once passed for a client that hung up (a review found it).
-  const resetting = createTcpServer((socket) => socket.resetAndDestroy());
-  resetting.listen(0, '127.0.0.1');
-  await once(resetting, 'listening');
-  const lines: Record<string, unknown>[] = [];
-  const config = loadConfig({
-    ENVIRONMENT: 'dev',
-    PROVISIONING: 'open',
-    MAIL_DOMAIN: 'inbox.test',
-    DATABASE_URL: `postgres://postgres@127.0.0.1:${(resetting.address() as { port: number }).port}/none`,
-    SECRET_KEY: 'test-secret-key-0123456789abcdefghijklmnop',
-  }) as Config & { secretKey: string };
-  const container = buildContainer(config, {
-    clock: new FakeClock(),
-    log: (line) => lines.push(line),
-    poolSize: 2,
-  });
-  const api: Server = createApp(container.resolve<HttpServices>(TOKENS.HttpServices)).listen(0, '127.0.0.1');
-  await once(api, 'listening');
+  const { api, lines, close } = await apiOverFakeDatabase((socket) => socket.resetAndDestroy());
   try {
     const base = `http://127.0.0.1:${(api.address() as { port: number }).port}`;
     const provision = await fetch(`${base}/v1/inboxes`, { method: 'POST', body: '{}' });
     assert.equal(provision.status, 500, await provision.text());
     assert.ok(lines.some((line) => line.level === 'error' && line.msg === 'internal error'));
   } finally {
-    api.close();
-    resetting.close();
+    close();
   }
 });
 
@@ -185,26 +195,9 @@ test('a 4xx answered before a small body was read keeps the connection: the next
 test('a GET whose client hangs up while the database stalls still logs the internal error', async () => {
   // Koa never reads a GET's body, so Node marks its request aborted when the socket closes: taken for
   // the client's doing, the database failure after it went unlogged (a review found it).
-  const stalling = createTcpServer((socket) => {
+  const { api, lines, close } = await apiOverFakeDatabase((socket) => {
     setTimeout(() => socket.resetAndDestroy(), 300);
   });
-  stalling.listen(0, '127.0.0.1');
-  await once(stalling, 'listening');
-  const lines: Record<string, unknown>[] = [];
-  const config = loadConfig({
-    ENVIRONMENT: 'dev',
-    PROVISIONING: 'open',
-    MAIL_DOMAIN: 'inbox.test',
-    DATABASE_URL: `postgres://postgres@127.0.0.1:${(stalling.address() as { port: number }).port}/none`,
-    SECRET_KEY: 'test-secret-key-0123456789abcdefghijklmnop',
-  }) as Config & { secretKey: string };
-  const container = buildContainer(config, {
-    clock: new FakeClock(),
-    log: (line) => lines.push(line),
-    poolSize: 2,
-  });
-  const api: Server = createApp(container.resolve<HttpServices>(TOKENS.HttpServices)).listen(0, '127.0.0.1');
-  await once(api, 'listening');
   try {
     const socket = connect((api.address() as { port: number }).port, '127.0.0.1');
     socket.on('error', () => {});
@@ -220,9 +213,7 @@ test('a GET whose client hangs up while the database stalls still logs the inter
     }
     assert.ok(lines.some((line) => line.level === 'error' && line.msg === 'internal error'));
   } finally {
-    api.closeAllConnections();
-    api.close();
-    stalling.close();
+    close();
   }
 });
 
