@@ -9,12 +9,21 @@ import type { Server } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 
+interface Responding {
+  _headerSent?: boolean;
+  req?: { complete?: boolean };
+}
+
 export function answerClientErrors(server: Server): void {
   server.on('clientError', (error: NodeJS.ErrnoException, socket: Duplex) => {
-    // A response whose bytes have begun to go out on this connection (a pipelined bad request during a
-    // download): ours would land inside its body. Node's own handler drops the connection then; so do we.
-    const current = (socket as Duplex & { _httpMessage?: { _headerSent?: boolean } })._httpMessage;
-    if (error.code === 'ECONNRESET' || !socket.writable || current?._headerSent) {
+    // A response is under way on this connection. If its request is still arriving, the error is that
+    // request's own (its body timed out, a bad chunk): it gets our 400, if no byte of its response has
+    // gone out. Otherwise the error is a pipelined request's behind it, and a 400 would be read as the
+    // answer to a request that was (or is being) carried out: the connection is dropped instead.
+    const current = (socket as Duplex & { _httpMessage?: Responding })._httpMessage;
+    const own =
+      current === undefined || current === null || (!current._headerSent && current.req?.complete === false);
+    if (error.code === 'ECONNRESET' || !socket.writable || !own) {
       socket.destroy();
       return;
     }
