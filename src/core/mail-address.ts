@@ -14,10 +14,8 @@ import { INBOX_ID } from './ids.ts';
 /** The inbox id an address names, or null: the domain must be MAIL_DOMAIN (any case), the local part an inbox id. */
 export function inboxIdOf(address: string, mailDomain: string): string | null {
   const bare = address.startsWith('<') && address.endsWith('>') ? address.slice(1, -1) : address;
-  const at = bare.lastIndexOf('@');
-  if (at <= 0) return null;
-  if (bare.slice(at + 1).toLowerCase() !== mailDomain.toLowerCase()) return null;
-  const local = bare.slice(0, at).toLowerCase();
+  if (!inMailDomain(bare, mailDomain)) return null;
+  const local = bare.slice(0, bare.lastIndexOf('@')).toLowerCase();
   return INBOX_ID.test(local) ? local : null;
 }
 
@@ -45,6 +43,8 @@ export function inMailDomain(address: string, mailDomain: string): boolean {
 export function smtpAddress(path: string): string {
   const trimmed = path.trim();
   const inner = trimmed.startsWith('<') && trimmed.endsWith('>') ? trimmed.slice(1, -1) : trimmed;
+  // The common case: nothing to drop or unquote, the path is already Postfix's internal form.
+  if (!LENIENT_SYNTAX.test(inner)) return quotedAddress(inner);
   // Each character kept, and whether it was quoted or escaped (then it separates nothing).
   const kept: { ch: string; literal: boolean }[] = [];
   let quoted = false;
@@ -75,15 +75,18 @@ export function smtpAddress(path: string): string {
   }
   const separator = (c: { ch: string; literal: boolean }, ch: string) => !c.literal && c.ch === ch;
   const route = kept[0] && separator(kept[0], '@') ? kept.findIndex((c) => separator(c, ':')) : -1;
-  const address = kept.slice(route + 1);
-  const at = address.findLastIndex((c) => separator(c, '@'));
-  const text = (from: number, to?: number) =>
-    address
-      .slice(from, to)
+  // Postfix's internal form (the policy daemon's view), quoted as Postfix writes it on.
+  return quotedAddress(
+    kept
+      .slice(route + 1)
       .map((c) => c.ch)
-      .join('');
-  return at < 0 ? quoteLocalPart(text(0)) : `${quoteLocalPart(text(0, at))}@${text(at + 1)}`;
+      .join(''),
+  );
 }
+
+/** What smtpAddress() must read character by character: quotes, escapes, comments, white space,
+ * domain literals, a source route. */
+const LENIENT_SYNTAX = /["\\()[\s]|^@/;
 
 /** An address in Postfix's internal form (the local part unquoted, as policy requests carry it), quoted. */
 export function quotedAddress(internal: string): string {

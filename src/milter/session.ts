@@ -416,7 +416,6 @@ export class MilterSession {
   }
 }
 
-/** `<a@b>` → `a@b`, `<>` → ''. */
 /** The answer for a transaction that failed: a header limit's refusal for good, anything else for now. */
 function failure(tx: Transaction): Answer {
   return tx.tooLarge ?? 'tempfail';
