@@ -70,6 +70,17 @@ export function receivedAllowance(trace: ReceivedTrace, recipients: string[]): n
   );
 }
 
+/**
+ * A bound on what a reservation adds to the message as sent (our Authentication-Results field plus
+ * receivedAllowance()), for the RCPT-time grouping rule (recipient-admission.ts): two inboxes can share
+ * a transaction only if each has room for a message of the largest size plus this. The allowance is
+ * at most about 5.4 KiB (1 KiB, a 2,048-byte HELO and RCPT line, a 255-byte host name, an address);
+ * our field repeats the envelope sender and HELO and names each verified signature (at most
+ * MAX_DKIM_SIGNATURES), a few KiB for real mail. A field beyond this bound (signatures with huge
+ * tags) can still make two grouped inboxes disagree at end of data: that message gets the race's 451.
+ */
+export const MAX_ADDED_BYTES = 64 * 1024;
+
 type Recorded = { reason: 'quota' | 'sender_not_allowed' | 'sender_opted_out'; senderDomain: string | null };
 type Outcome = { verdict: Refusal; record?: Recorded };
 

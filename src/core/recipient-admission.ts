@@ -17,6 +17,7 @@ import { addSeconds, type Clock } from './clock.ts';
 import { closedInbox, freeBytes } from './inbox-gate.ts';
 import type { LifecycleSettings } from './lifecycle.ts';
 import { domainOf, inboxIdOf, quotedAddress } from './mail-address.ts';
+import { MAX_ADDED_BYTES } from './message-admission.ts';
 import type { InboxSettings } from './model.ts';
 import { OptOuts } from './opt-outs.ts';
 import type { InboxStore, MessageStore, RecipientLookup, RecipientTarget, ReverseDns } from './ports.ts';
@@ -152,7 +153,10 @@ export class RecipientAdmission {
   /**
    * Two recipients get the same end-of-data verdict for any message when their allowlists are equal
    * and neither can run out of quota for a message of the largest size (opt-outs and DMARC are global).
-   * The first recipient's free quota is read now if its RCPT did not need it.
+   * "Run out" counts what the milter reserves beyond the message (MAX_ADDED_BYTES): with the bare
+   * maximum, an inbox with room for the message but not for its reservation was grouped, and the pair
+   * got 451 4.5.3 on every retry (until 2026-11-25). The first recipient's free quota is read now if
+   * its RCPT did not need it.
    */
   async #sameVerdict(first: Member, next: Member, now: Date): Promise<boolean> {
     if (first.senderDomains !== next.senderDomains) return false;
@@ -160,7 +164,7 @@ export class RecipientAdmission {
       const target = await this.#inboxes.findForDelivery(first.inboxId, now);
       first.freeBytes = target ? freeBytes(target) : 0;
     }
-    const max = this.#settings.maxMessageBytes;
+    const max = this.#settings.maxMessageBytes + MAX_ADDED_BYTES;
     return first.freeBytes >= max && (next.freeBytes ?? 0) >= max;
   }
 

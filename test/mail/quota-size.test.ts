@@ -16,7 +16,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import { receivedAllowance } from '../../src/core/message-admission.ts';
+import { MAX_ADDED_BYTES, receivedAllowance } from '../../src/core/message-admission.ts';
 import { HEADERS_TOO_LARGE } from '../../src/milter/session.ts';
 import { MAIL_DOMAIN, type MailStack, startMailStack } from '../support/mail-stack.ts';
 import { queuedAs } from '../support/smtp-client.ts';
@@ -283,6 +283,66 @@ describe('quota', () => {
         (e: { reason: string; size_bytes: number }) => e.reason === 'quota' && e.size_bytes === SIZE,
       ),
     );
+  });
+});
+
+describe('grouping several recipients (DESIGN decision 3) at the quota boundary', () => {
+  // MAX_MESSAGE_BYTES small so the boundary is cheap to reach; the quota leaves a fresh inbox room for
+  // a message of the largest size plus MAX_ADDED_BYTES.
+  const MAX = 20_000;
+  const QUOTA = 100_000;
+  let s: MailStack;
+  const { status, poll, listed } = helpers(() => s);
+  before(async () => {
+    s = await startMailStack({
+      env: { MAX_MESSAGE_BYTES: String(MAX), QUOTA_BYTES: String(QUOTA), POLL_RATE_BURST: '100000' },
+    });
+  });
+  after(() => s?.close());
+
+  test('an inbox with room for the largest message but not for its reservation is not grouped: the other recipient gets 452 4.5.3, not a 451 on every retry', async () => {
+    const tight = await s.provision();
+    const roomy = await s.provision();
+    assert.ok(QUOTA >= MAX + MAX_ADDED_BYTES, 'the roomy inbox can take any message with its reservation');
+    // Fill `tight` until its free quota is MAX + 600: room for a MAX-byte message as sent, none for what
+    // the milter reserves beyond it (our field and the Received allowance, well over 600 bytes).
+    for (let i = 1; i <= 4; i++) {
+      assert.equal(
+        (await s.send({ to: [tight.address], message: messageOfSize(tight.address, 19_000) })).end?.code,
+        250,
+      );
+      await listed(tight, i);
+    }
+    const [first] = (await poll(tight)).messages;
+    const overhead = first.size_bytes - 19_000;
+    const filler = QUOTA - (await status(tight)).quota_used_bytes - (MAX + 600) - overhead;
+    assert.equal(
+      (await s.send({ to: [tight.address], message: messageOfSize(tight.address, filler) })).end?.code,
+      250,
+    );
+    await listed(tight, 5);
+    assert.equal(QUOTA - (await status(tight)).quota_used_bytes, MAX + 600);
+
+    const message = messageOfSize(tight.address, MAX, 'largest');
+    const together = await s.send({ to: [tight.address, roomy.address], message });
+    assert.deepEqual(
+      together.rcpt.map((r) => r.text),
+      [
+        '250 2.1.5 Ok',
+        `452 4.5.3 <${roomy.address}>: Recipient address rejected: ${MAIL_DOMAIN}: send this recipient in a separate transaction`,
+      ],
+    );
+    // The tight inbox alone: its reservation does not fit, a quota refusal, recorded.
+    assert.equal(together.end?.text, QUOTA_EXCEEDED);
+    const tightPoll = await poll(tight);
+    assert.deepEqual(
+      tightPoll.rejections.map((e: { reason: string; size_bytes: number }) => [e.reason, e.size_bytes]),
+      [['quota', MAX]],
+    );
+    // The roomy one, in its own transaction, gets the message.
+    assert.equal((await s.send({ to: [roomy.address], message })).end?.code, 250);
+    const [stored] = (await listed(roomy, 1)).messages;
+    assert.equal(stored.subject, 'largest');
   });
 });
 
