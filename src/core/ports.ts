@@ -383,6 +383,9 @@ export interface SweeperStore {
   /**
    * Deletes the rows of messages deleted at or before `deletedBefore` (the id then answers 404), in
    * live inboxes only: an expired inbox keeps its rows until its purge, so its final counts hold.
+   * A released reservation's row (reason 'released') also stays until the purge: a delivery of its
+   * queue id arriving after all (a queue held longer than RESERVATION_TTL_SECONDS) finds it and is
+   * dropped, as README says, instead of being stored with no quota check once the row was gone.
    */
   dropTombstones(deletedBefore: Date, now: Date, limit: number): Promise<number>;
   /** Deletes rejections first listed at or before `listedBefore`. */

@@ -33,18 +33,23 @@ const purgeDue = (now: string, cutoff: string) =>
   `i.expires_at <= ${now} AND (i.expires_at <= ${cutoff} OR i.cancelled_at IS NOT NULL)`;
 
 /**
- * The expiry sweep's pick: from the expired inboxes that still hold something (held_bytes counts every
- * message not yet deleted), each through its own key (messages_undeleted). Expired inboxes wait for
- * their purge with nothing but tombstones, and a join from messages walked the whole table to find
- * none. The inbox rows are share-locked until the batch commits, and skipped while an extend holds
- * one: an extend that comes after waits for the batch, then finds its inbox expired.
+ * The expiry sweep's pick: from the expired inboxes, each one's messages not yet deleted through its own
+ * key (messages_undeleted, a partial index without tombstones). Expired inboxes wait for their purge
+ * with nothing but tombstones, and a join from messages walked the whole table to find none. The inbox
+ * rows are share-locked until the batch commits, and skipped while an extend holds one: an extend that
+ * comes after waits for the batch, then finds its inbox expired.
+ *
+ * Not filtered on `held_bytes > 0` (until 2026-11-25): a message of 0 bytes (an empty LMTP DATA, or
+ * a delivery left in flight after expiry without a reservation) holds no bytes, was never picked, and
+ * its inbox waited for its purge for ever; enough such inboxes at the head of the purge order stopped
+ * every purge. The probe per expired inbox is one index lookup.
  */
 export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
   FROM inboxes i CROSS JOIN LATERAL (
     SELECT inbox_id, message_id, size_bytes FROM messages
     WHERE inbox_id = i.inbox_id AND state <> 'deleted'
     LIMIT $2 FOR UPDATE SKIP LOCKED) m
-  WHERE i.expires_at < $1 AND i.held_bytes > 0
+  WHERE i.expires_at < $1
   LIMIT $2 FOR SHARE OF i SKIP LOCKED`;
 
 export class PgSweeperStore implements SweeperStore {
@@ -274,6 +279,7 @@ export class PgSweeperStore implements SweeperStore {
         `DELETE FROM messages m USING (
          SELECT d.inbox_id, d.message_id FROM messages d JOIN inboxes i ON i.inbox_id = d.inbox_id
          WHERE d.state = 'deleted' AND d.deleted_at <= $1 AND i.expires_at > $2
+           AND d.deleted_reason <> 'released'
          LIMIT $3 FOR UPDATE OF d SKIP LOCKED) k
        WHERE m.inbox_id = k.inbox_id AND m.message_id = k.message_id RETURNING 1`,
         [deletedBefore, now, limit],

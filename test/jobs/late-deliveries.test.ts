@@ -1,0 +1,155 @@
+/**
+ * Deliveries that reach the store late, against the jobs (contract section 3: an expired inbox's
+ * status "keeps final counts"; DESIGN decision 9: time rules are evaluated on read, jobs only clean
+ * up). Whatever the order of a late store and a job, the answers are the same:
+ * - a message reserved before expiry and delivered after it leaves the final counts as they were at
+ *   expires_at, whether the expiry sweep ran first or not (migrations/20261202000000_expired_delivery.ts);
+ * - a delivery after its reservation was released is dropped, also once GONE_SECONDS have passed
+ *   (drop-tombstones keeps released rows);
+ * - an expired inbox whose only message has 0 bytes is purged like any other.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import { newMessageId } from '../../src/core/ids.ts';
+import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
+import { CHUNK_BYTES } from '../../src/storage/message-store.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
+import { footprint, testJobs } from '../support/jobs.ts';
+
+const SUMMARY = {
+  fromName: null,
+  fromAddress: null,
+  subject: 'late',
+  internetMessageId: null,
+  authentication: null,
+};
+/** What the milter reserves beyond the message (our field, Postfix's Received): more than it adds here. */
+const ALLOWANCE = 1_500;
+
+function withHarness(env: Record<string, string>): () => Harness {
+  let h: Harness;
+  before(async () => {
+    h = await startHarness({ POLL_RATE_BURST: '100000', ...env });
+  });
+  after(() => h.close());
+  return () => h;
+}
+
+async function status(h: Harness, inbox: ProvisionedInbox) {
+  const response = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.reader });
+  assert.equal(response.status, 200, response.text);
+  return response.json;
+}
+
+const reserve = (h: Harness, inbox: ProvisionedInbox, queueId: string, bytes: number) =>
+  h.messages.reserve({
+    inboxId: inbox.inbox_id,
+    messageId: newMessageId(),
+    queueId,
+    sizeBytes: bytes + ALLOWANCE,
+    envelopeFrom: 's@example.test',
+    now: h.clock.now(),
+  });
+
+async function* pieces(data: Buffer): AsyncIterable<Buffer> {
+  for (let at = 0; at < data.length; at += 65_536) yield data.subarray(at, at + 65_536);
+}
+
+const store = (h: Harness, inbox: ProvisionedInbox, queueId: string, data: Buffer) =>
+  h.messages.store(
+    {
+      inboxId: inbox.inbox_id,
+      queueId,
+      envelopeFrom: 's@example.test',
+      now: h.clock.now(),
+      summary: SUMMARY,
+    },
+    pieces(data),
+  );
+
+describe('a message reserved before expiry and delivered after it', () => {
+  const harness = withHarness({});
+
+  for (const [kind, size] of [
+    ['whole', 5_000],
+    ['streamed', 2 * CHUNK_BYTES + 1],
+  ] as const) {
+    test(`${kind}: the final counts are those at expires_at, whether the store or the expiry sweep comes first`, async () => {
+      const h = harness();
+      const storeFirst = await h.provision();
+      const sweepFirst = await h.provision();
+      const data = randomBytes(size);
+      assert.equal(await reserve(h, storeFirst, `QS${kind}`, size), 'reserved');
+      assert.equal(await reserve(h, sweepFirst, `QW${kind}`, size), 'reserved');
+      h.clock.advance(h.config.unitSeconds + 1);
+      const atExpiry = await status(h, storeFirst);
+      assert.equal(atExpiry.state, 'expired');
+      assert.equal(atExpiry.quota_used_bytes, size + ALLOWANCE);
+      assert.equal(atExpiry.message_count, 1);
+      assert.deepEqual(await status(h, sweepFirst), {
+        ...atExpiry,
+        inbox_id: sweepFirst.inbox_id,
+        address: sweepFirst.address,
+      });
+
+      // The store lands before the expiry sweep: answered as stored (the receiver's 250), nothing kept.
+      assert.equal((await store(h, storeFirst, `QS${kind}`, data)).kind, 'stored');
+      assert.deepEqual(await status(h, storeFirst), atExpiry);
+      assert.equal((await footprint(h, storeFirst.inbox_id)).chunks, 0);
+
+      h.clock.advance(EXPIRE_SETTLE_SECONDS + 1);
+      await testJobs(h).run('expire-inboxes');
+      // The sweep came first for the other inbox: its late store is a duplicate.
+      assert.equal((await store(h, sweepFirst, `QW${kind}`, data)).kind, 'duplicate');
+
+      for (const inbox of [storeFirst, sweepFirst]) {
+        const final = await status(h, inbox);
+        assert.equal(final.quota_used_bytes, atExpiry.quota_used_bytes);
+        assert.equal(final.message_count, atExpiry.message_count);
+        const left = await footprint(h, inbox.inbox_id);
+        assert.deepEqual([left.undeleted, left.chunks], [0, 0]);
+      }
+    });
+  }
+});
+
+describe('a delivery after its reservation was released', () => {
+  const harness = withHarness({ QUOTA_BYTES: '10000', RESERVATION_TTL_SECONDS: '600', GONE_SECONDS: '600' });
+
+  test('is dropped (answered as a duplicate, nothing stored), also after drop-tombstones has run', async () => {
+    const h = harness();
+    const inbox = await h.provision();
+    const jobs = testJobs(h);
+    assert.equal(await reserve(h, inbox, 'QLATE', 7_000), 'reserved');
+    h.clock.advance(601);
+    await jobs.run('release-reservations');
+    // The freed quota goes to other mail.
+    await h.deliver(inbox.inbox_id, Buffer.alloc(9_000, 'y'));
+    h.clock.advance(601);
+    await jobs.run('drop-tombstones');
+
+    const late = await store(h, inbox, 'QLATE', Buffer.alloc(7_000, 'x'));
+    assert.equal(late.kind, 'duplicate');
+    const after = await status(h, inbox);
+    assert.equal(after.message_count, 1);
+    assert.equal(after.quota_used_bytes, 9_000);
+  });
+});
+
+describe('an expired inbox holding a message of 0 bytes', () => {
+  const harness = withHarness({});
+
+  test('is purged like any other', async () => {
+    const h = harness();
+    const inbox = await h.provision();
+    await h.deliver(inbox.inbox_id, '');
+    h.clock.advance(h.config.unitSeconds + h.config.purgeAfterSeconds + EXPIRE_SETTLE_SECONDS + 1);
+    const jobs = testJobs(h);
+    await jobs.sweep();
+    await jobs.sweep();
+    const left = await footprint(h, inbox.inbox_id);
+    assert.deepEqual([left.inboxes, left.credentials, left.messages], [0, 0, 0]);
+  });
+});
