@@ -121,7 +121,12 @@ function blockOf(headers: MilterHeader[]): Buffer {
   ]);
 }
 
+/**
+ * The first field's value, unfolded and trimmed; null when absent or empty, as the receiver's summary
+ * reads it: retries are one rejection event per Message-ID, and unrelated messages each with an empty
+ * `Message-ID:` were one event (until 2026-11-25).
+ */
 function firstValue(headers: MilterHeader[], name: string): string | null {
   const header = headers.find((h) => h.name.toLowerCase() === name);
-  return header ? header.value.replace(/\r?\n[ \t]+/g, ' ').trim() : null;
+  return header?.value.replace(/\r?\n[ \t]+/g, ' ').trim() || null;
 }

@@ -200,6 +200,33 @@ test('authenticated mail from an unlisted domain (other.test) gets 451 4.7.1 and
   assert.equal(p.inbox.rejection_count, 1);
 });
 
+test('sender_not_allowed refusals without a usable Message-ID are one event each: an empty field or none is no Message-ID', async () => {
+  const inbox = await s.provision(['allowed.test']);
+  const withField = (n: number) =>
+    plainMessage({ to: inbox.address, from: 'news@lax.test', messageId: '', subject: `empty ${n}` });
+  const withoutField = Buffer.from(
+    withField(3)
+      .toString('latin1')
+      .replace(/^Message-ID:[^\r]*\r\n/m, ''),
+    'latin1',
+  );
+  assert.doesNotMatch(withoutField.toString('latin1'), /Message-ID/i);
+  for (const message of [withField(1), withField(2), withoutField]) {
+    const replies = await s.send({ from: 'news@lax.test', to: [inbox.address], message });
+    assert.equal(replies.end?.text, NOT_ALLOWED);
+  }
+  const p = await poll(inbox);
+  assert.deepEqual(
+    p.rejections.map((e: { reason: string; sender_domain: string | null }) => [e.reason, e.sender_domain]),
+    [
+      ['sender_not_allowed', null],
+      ['sender_not_allowed', null],
+      ['sender_not_allowed', null],
+    ],
+  );
+  assert.equal(p.inbox.rejection_count, 3);
+});
+
 test('after PUT sender-domains adds other.test, the retrying sender delivers on its next try: one message, one event, every attempt counted', async () => {
   assert.ok(sender);
   const inbox = await s.provision(['allowed.test']);
