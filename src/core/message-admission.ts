@@ -167,10 +167,21 @@ export class MessageAdmission {
       envelopeFrom: facts.envelopeFrom,
       now,
     }));
-    const outcome = await this.#messages.reserveAll(reservations);
+    const keys = reservations.map(({ inboxId, messageId }) => ({ inboxId, messageId }));
+    let outcome: Awaited<ReturnType<MessageStore['reserveAll']>>;
+    try {
+      outcome = await this.#messages.reserveAll(reservations);
+    } catch (error) {
+      // The reservation may have committed before the error (the connection lost on the way back, the
+      // statement cut by a timeout). The milter answers `t`, Postfix queues nothing, and the milter
+      // withdraws these keys (undelivered()): left alone, they held quota for RESERVATION_TTL_SECONDS
+      // and turned the sender's retry into a quota refusal (until 2026-11-25).
+      reserved?.(keys);
+      throw error;
+    }
     if (outcome.kind === 'reserved') {
       // A queue id already reserved in an inbox keeps that row; withdrawing these ids leaves it alone.
-      reserved?.(reservations.map(({ inboxId, messageId }) => ({ inboxId, messageId })));
+      reserved?.(keys);
       return ACCEPT;
     }
     if (outcome.inboxIds.length < inboxIds.length) {

@@ -66,9 +66,10 @@ export interface MessageConsumer {
   /** The transaction was aborted (SMFIC_ABORT, new MAIL, QUIT, connection lost) before end(). Must not throw. */
   abort(): void;
   /**
-   * end() resolved, but its verdict never reached the MTA: the connection was lost first, or the
-   * verdict could not be sent (answered `t` instead). Postfix then applies milter_default_action and
-   * queues nothing, so whatever end() did for an accept may be undone. A rejection is logged.
+   * end() settled, but no verdict of it reached the MTA: the connection was lost first, the verdict
+   * could not be sent, or end() failed or passed its deadline (answered `t` instead). Postfix then
+   * applies milter_default_action or the `t` and queues nothing, so whatever end() did (for an
+   * accept, or before it failed) may be undone.
    */
   undelivered(): Promise<void>;
 }

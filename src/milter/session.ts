@@ -339,12 +339,10 @@ export class MilterSession {
       this.#failed(tx, 'end', error);
       reply = encodeTempfail();
       replaced = ended;
-      // The decision runs on; an accept it reaches now is one the MTA never hears of.
-      if (error instanceof DeadlineExceeded)
-        ending.then(
-          () => this.#undelivered(tx, consumer),
-          () => {},
-        );
+      // The MTA hears `t`: whatever end() did, or does once past the deadline, is undone.
+      const undo = () => this.#undelivered(tx, consumer);
+      if (error instanceof DeadlineExceeded) ending.then(undo, undo);
+      else if (!ended) undo();
     }
     if (this.#tx === tx) {
       this.#endTransaction();

@@ -10,7 +10,8 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import type { MessageAdmission } from '../../src/core/message-admission.ts';
+import { MessageAdmission } from '../../src/core/message-admission.ts';
+import type { MessageStore } from '../../src/core/ports.ts';
 import type { CachingLookup } from '../../src/mail/dns.ts';
 import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
 import { MilterCheck } from '../../src/mail/milter-check.ts';
@@ -95,4 +96,44 @@ test('undoing removes only what that accept reserved and is still in flight', as
   assert.equal(refused.answer.verdict.kind, 'reject');
   await refused.consumer.undelivered();
   assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QREFUSED1'`), 0);
+});
+
+test('a reservation that committed but whose call failed (the answer lost on the way back) is withdrawn at once', async () => {
+  const inbox = await h.provision();
+  const store = h.container.resolve<MessageStore>(TOKENS.MessageStore);
+  // The statement commits, then its answer never arrives: the milter sees an error, answers `t`.
+  const lossy = new Proxy(store, {
+    get(target, name) {
+      if (name === 'reserveAll')
+        return async (reservations: Parameters<MessageStore['reserveAll']>[0]) => {
+          await target.reserveAll(reservations);
+          throw new Error('Connection terminated unexpectedly');
+        };
+      const value = Reflect.get(target, name);
+      return typeof value === 'function' ? value.bind(target) : value;
+    },
+  });
+  const admission = new MessageAdmission(
+    h.container.resolve(TOKENS.InboxStore),
+    lossy,
+    h.clock,
+    h.container.resolve(TOKENS.SmtpReplies),
+    h.config,
+  );
+  const failing = new MilterCheck(
+    admission,
+    new MailauthAuthenticator(h.config.authservId, { resolve: resolveInZone } as unknown as CachingLookup),
+    h.config.authservId,
+  );
+  const consumer = failing.beginMessage(
+    milterEnvelope({ queueId: 'QGHOST1', recipients: [inbox.address] }),
+    headers,
+  );
+  await consumer.body(Buffer.from('body\r\n'));
+  await assert.rejects(consumer.end(), /Connection terminated/);
+  assert.ok((await used(inbox)) > 0, 'the reservation committed');
+
+  await consumer.undelivered();
+  assert.equal(await used(inbox), 0);
+  assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QGHOST1'`), 0);
 });

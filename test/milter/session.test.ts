@@ -353,11 +353,11 @@ describe('failures become tempfail', () => {
       handler.messages.map((m) => m.aborted),
       [0, 0],
     );
-    // The second end() resolved, but its verdict could not be sent: the consumer may undo it; the
-    // first never resolved, so there is nothing to undo.
+    // Neither verdict reached the MTA: the first end() failed (it may have reserved before failing),
+    // the second resolved but its verdict could not be sent. The consumer may undo both, once each.
     assert.deepEqual(
       handler.messages.map((m) => m.undelivered),
-      [0, 1],
+      [1, 1],
     );
   });
 
@@ -370,11 +370,12 @@ describe('failures become tempfail', () => {
     assert.equal(handler.messages[0]?.undelivered, 0);
 
     // Postfix gives up waiting (milter_content_timeout) while the verdict is being decided: an accept
-    // decided after that is undone. Lost while end() is pending, and end() then fails: it made nothing
-    // to undo. Lost, and the verdict could not have been sent either: undone once, not twice.
+    // decided after that is undone. Lost while end() is pending, and end() then fails: what it did
+    // before failing is undone. Lost, and the verdict could not have been sent either: undone once,
+    // not twice.
     for (const [end, expected] of [
       [async () => ({ verdict: ACCEPT }), 1],
-      [async () => Promise.reject(new Error('db down')), 0],
+      [async () => Promise.reject(new Error('db down')), 1],
       [
         async () => ({
           verdict: ACCEPT,
@@ -481,6 +482,37 @@ describe('flow control', () => {
     const progress = replies.slice(0, -1);
     assert.ok(progress.length >= 3, `only ${progress.length} progress packets`);
     assert.deepEqual(new Set(progress), new Set(['p']));
+  });
+
+  test('an end() that fails is answered t and undone at once (it may have reserved before failing)', async () => {
+    const { mta, handler } = await setup(50);
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    handler.end = async () => {
+      throw new Error('Connection terminated unexpectedly');
+    };
+    assert.deepEqual(await bodyAndEnd(mta, ['x\r\n']), ['t']);
+    await sleep(20);
+    assert.equal(handler.messages[0]?.undelivered, 1);
+  });
+
+  test('an end() past the decision deadline that then fails is undone too', async () => {
+    const { mta, handler } = await setup(50, 300);
+    await mta.negotiate();
+    await envelope(mta);
+    assert.equal(await headers(mta, []), 'c');
+    let fail = () => {};
+    handler.end = () =>
+      new Promise((_, reject) => {
+        fail = () => reject(new Error('lock timeout'));
+      });
+    const replies = await bodyAndEnd(mta, ['x\r\n']);
+    assert.equal(replies.at(-1), 't');
+    assert.equal(handler.messages[0]?.undelivered, 0);
+    fail();
+    await sleep(20);
+    assert.equal(handler.messages[0]?.undelivered, 1);
   });
 
   test('an end() past the decision deadline is answered t, and its late accept is undone', async () => {
