@@ -184,6 +184,17 @@ test('mail to an inbox cancelled for abuse is refused at RCPT with the abuse con
   assert.deepEqual(await stored(inbox.inbox_id), { rejectionCount: 0, messageCount: 0 });
 });
 
+test('mail to an inbox cancelled and past its paid lifetime (purged) is refused at RCPT with 555 5.7.1 no such inbox and not recorded', async () => {
+  const inbox = await s.provision();
+  await s.inboxes.cancel(inbox.inbox_id, s.clock.now());
+  s.clock.advance(s.config.unitSeconds);
+  const replies = await s.send({ to: [inbox.address], message: plainMessage({ to: inbox.address }) });
+  assertRefusedAtRcpt(replies, [atRcpt(inbox.address, '555 5.7.1 svc.test: no such inbox')]);
+  const status = await s.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.owner });
+  assert.equal(status.status, 401);
+  assert.deepEqual(await stored(inbox.inbox_id), { rejectionCount: 0, messageCount: 0 });
+});
+
 test('changes to an inbox that already took mail apply from the next RCPT: extended, sender opted out, cancelled', async () => {
   // The policy daemon keeps what RCPT read of the inbox and the opt-outs (storage/recipient-lookup.ts):
   // each change must reach it, or the next RCPT would be decided on what it kept. A change reaches it a
@@ -338,6 +349,19 @@ test("a message over Postfix's message_size_limit gets Postfix's 552 5.3.4 at en
   await assertRecorded(inbox, []);
 });
 
+test("a declared SIZE= over Postfix's message_size_limit is refused at MAIL with Postfix's 552 5.3.4, before any RCPT, and not recorded", async () => {
+  const inbox = await s.provision();
+  const replies = await s.send({
+    to: [inbox.address],
+    mailParams: `SIZE=${POSTFIX_SIZE_LIMIT + 1}`,
+    message: plainMessage({ to: inbox.address }),
+  });
+  assert.equal(replies.mail?.text, '552 5.3.4 Message size exceeds fixed limit');
+  assert.deepEqual(replies.rcpt, []);
+  assert.equal(replies.data, undefined);
+  await assertRecorded(inbox, []);
+});
+
 test('mail failing DMARC for a p=reject domain gets 550 5.7.1 DMARC checks failed at end of data, nothing recorded', async () => {
   const inbox = await s.provision();
   const replies = await s.send({
@@ -360,6 +384,23 @@ test('a From: domain that opted out gets 555 5.7.1 sender domain opted out at en
       messageId: '<eom-optout@optout.test>',
     }),
   );
+  const replies = await s.send({ from: 'bounces@allowed.test', to: [inbox.address], message });
+  assertRefusedAtEom(replies, '555 5.7.1 svc.test: sender domain opted out');
+  await assertRecorded(inbox, [
+    {
+      at,
+      envelope_from: 'bounces@allowed.test',
+      reason: 'sender_opted_out',
+      sender_domain: 'optout.test',
+      size_bytes: message.length,
+    },
+  ]);
+});
+
+test('a From: subdomain of an opted-out domain, unsigned, gets 555 5.7.1 sender domain opted out at end of data, recorded naming the opted-out domain', async () => {
+  const inbox = await s.provision();
+  const at = iso(s.clock.now());
+  const message = plainMessage({ to: inbox.address, from: 'News <news@mail.optout.test>' });
   const replies = await s.send({ from: 'bounces@allowed.test', to: [inbox.address], message });
   assertRefusedAtEom(replies, '555 5.7.1 svc.test: sender domain opted out');
   await assertRecorded(inbox, [
