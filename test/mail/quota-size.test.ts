@@ -146,6 +146,27 @@ describe('quota', () => {
     assert.ok(st.quota_used_bytes <= QUOTA_BYTES);
   });
 
+  test('a downloaded message stops counting when it is deleted 5 minutes later: the refused message, resent then, is accepted', async () => {
+    const inbox = await s.provision();
+    const first = messageOfSize(inbox.address, 150_000);
+    assert.equal((await s.send({ to: [inbox.address], message: first })).end?.code, 250);
+    const [stored] = (await listed(inbox, 1)).messages;
+    const later = messageOfSize(inbox.address, 60_000);
+    assert.equal((await s.send({ to: [inbox.address], message: later })).end?.text, QUOTA_EXCEEDED);
+
+    const download = await s.api.get(stored.url, { token: inbox.credentials.reader });
+    assert.equal(download.status, 200);
+    s.clock.advance(299);
+    assert.equal((await s.send({ to: [inbox.address], message: later })).end?.text, QUOTA_EXCEEDED);
+    s.clock.advance(1);
+    assert.equal((await status(inbox)).quota_used_bytes, 0);
+    assert.equal((await s.send({ to: [inbox.address], message: later })).end?.code, 250);
+    const after = await listed(inbox, 1);
+    assert.equal(after.messages.length, 1);
+    assert.equal(after.messages[0].size_bytes > 60_000, true);
+    assert.equal((await status(inbox)).rejection_count, 2);
+  });
+
   test('a declared SIZE= larger than the free quota is refused at RCPT with the quota reason and recorded', async () => {
     const inbox = await s.provision();
     const message = messageOfSize(inbox.address, 1_000);
