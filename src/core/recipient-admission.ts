@@ -134,6 +134,10 @@ export class RecipientAdmission {
       await this.#record(target.inbox, request, 'sender_opted_out', optedOut, now);
       return { verdict: this.#replies.senderOptedOut };
     }
+    // A declared size over the limit is refused as at end of data, not recorded: the size limit comes
+    // before the quota there (message-admission.ts), and so here. (Until 2026-11-25 such a SIZE=, over
+    // the free quota too, was recorded as `quota`, and the same message sent without SIZE= was not.)
+    if (request.size > this.#settings.maxMessageBytes) return { verdict: this.#replies.messageTooBig };
     const { usedBytes } = target;
     const free = usedBytes === undefined ? null : freeBytes({ inbox: target.inbox, usedBytes });
     if (free !== null && request.size > free) {
