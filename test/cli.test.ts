@@ -7,8 +7,10 @@ import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { TOKENS } from '../src/container.ts';
 import { INBOX_ID, OWNER_CREDENTIAL, READER_CREDENTIAL } from '../src/core/ids.ts';
 import type { ProvisionedInbox } from '../src/core/inbox-service.ts';
+import type { Database } from '../src/storage/database.ts';
 import { dropDatabase } from './support/database.ts';
 import { type Harness, startHarness } from './support/harness.ts';
 import { OpenApiValidator } from './support/openapi-validator.ts';
@@ -150,6 +152,23 @@ test('inbox cancel makes both credentials answer 410 inbox_cancelled', async () 
   }
   const again = await inboxctl(['inbox', 'cancel', inbox.inbox_id]);
   assert.equal(again.code, 0, 'cancelling twice is harmless');
+});
+
+test('inbox cancel of an expired inbox fails with exit 1 and leaves it expired, not purged', async () => {
+  const inbox = await create();
+  // inboxctl runs on the real clock: the inbox expired a minute ago.
+  const db = h.container.resolve<Database>(TOKENS.Database);
+  await db.pool.query(`UPDATE inboxes SET expires_at = now() - interval '1 minute' WHERE inbox_id = $1`, [
+    inbox.inbox_id,
+  ]);
+  const run = await inboxctl(['inbox', 'cancel', inbox.inbox_id]);
+  assert.equal(run.code, 1);
+  assert.equal(run.stdout, '');
+  assert.equal(run.stderr, `inboxctl: inbox ${inbox.inbox_id} has expired: nothing to cancel\n`);
+  const { rows } = await db.pool.query('SELECT cancelled_at FROM inboxes WHERE inbox_id = $1', [
+    inbox.inbox_id,
+  ]);
+  assert.deepEqual(rows, [{ cancelled_at: null }]);
 });
 
 test('inbox cancel of an id no inbox has fails with exit 1 naming the id', async () => {

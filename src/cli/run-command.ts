@@ -75,7 +75,12 @@ async function execute(command: Exclude<RunnableCommand, { kind: 'migrate' }>, c
       return;
     }
     case 'inbox-cancel':
-      if (!(await inboxes().cancel(command.inboxId))) throw new Failure(`no such inbox: ${command.inboxId}`);
+      switch (await inboxes().cancel(command.inboxId)) {
+        case 'not_found':
+          throw new Failure(`no such inbox: ${command.inboxId}`);
+        case 'expired':
+          throw new Failure(`inbox ${command.inboxId} has expired: nothing to cancel`);
+      }
       out(`cancelled inbox ${command.inboxId}`);
       return;
     case 'optout-add':

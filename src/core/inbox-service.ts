@@ -155,9 +155,14 @@ export class InboxService {
     return this.status(updated.inbox);
   }
 
-  /** Operator action: cancel for abuse. Returns false when no such inbox exists. */
-  async cancel(inboxId: string): Promise<boolean> {
-    return (await this.#store.cancel(inboxId, this.#clock.now())) !== undefined;
+  /**
+   * Operator action: cancel for abuse. A live inbox is cancelled (again: harmless); an expired one is
+   * left as it is (until 2026-11-25 cancelling it purged it at once, taking the agent's final view).
+   */
+  async cancel(inboxId: string): Promise<'cancelled' | 'expired' | 'not_found'> {
+    const now = this.#clock.now();
+    if (await this.#store.cancel(inboxId, now)) return 'cancelled';
+    return (await this.#store.find(inboxId)) ? 'expired' : 'not_found';
   }
 }
 

@@ -94,7 +94,11 @@ export interface InboxStore {
     inboxIds: string[],
     senderDomains: string[],
   ): Promise<{ inboxes: Map<string, InboxRecord>; optedOut: string[] }>;
-  /** Marks the inbox cancelled and deletes its messages; returns false for an unknown inbox. */
+  /**
+   * Marks the inbox cancelled and deletes its messages; undefined for an unknown inbox, and for one
+   * expired and not cancelled (contract section 3 cancels a live inbox; an expired one keeps its final
+   * view until its purge).
+   */
   cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined>;
 }
 

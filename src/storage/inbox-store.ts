@@ -207,7 +207,7 @@ export class PgInboxStore implements InboxStore {
       ]);
       const updated = await client.query<InboxRow>(
         `UPDATE inboxes i SET cancelled_at = coalesce(cancelled_at, $2), version = version + 1
-         WHERE inbox_id = $1 RETURNING ${INBOX_COLUMNS}`,
+         WHERE inbox_id = $1 AND (expires_at > $2 OR cancelled_at IS NOT NULL) RETURNING ${INBOX_COLUMNS}`,
         [inboxId, now],
       );
       const row = updated.rows[0];
