@@ -452,7 +452,10 @@ test('410 inbox_cancelled: download from an inbox cancelled for abuse', async ()
   const inbox = await h.provision();
   const id = await h.deliver(inbox.inbox_id, 'Subject: abuse\r\n\r\nabuse\r\n');
   const cancelledAt = iso(h.clock.now());
-  assert.equal(await h.container.resolve<InboxService>(TOKENS.InboxService).cancel(inbox.inbox_id), 'cancelled');
+  assert.equal(
+    await h.container.resolve<InboxService>(TOKENS.InboxService).cancel(inbox.inbox_id),
+    'cancelled',
+  );
   for (const token of [inbox.credentials.reader, inbox.credentials.owner]) {
     const response = await h.api.get(messagePath(inbox, id), { token });
     expectError(response, 410, 'inbox_cancelled');
