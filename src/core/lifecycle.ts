@@ -39,7 +39,10 @@ export type MessageFate =
 
 /**
  * What a download of this message finds now: in-flight deliveries are missing, a message whose
- * deletion time has passed is gone (410) for `goneSeconds`, then missing (404).
+ * deletion time has passed is gone (410) for `goneSeconds`, then missing (404). A message already
+ * marked deleted is gone even if `now` is a moment before its deletion time: a job whose clock was
+ * there first has freed its content (until 2026-11-25 such a request found no bytes and called the
+ * message `lost`, logging an error).
  */
 export function messageFate(
   message: MessageRecord | undefined,
@@ -49,7 +52,7 @@ export function messageFate(
 ): MessageFate {
   if (!message || message.state === 'in_flight' || message.position === null) return { kind: 'missing' };
   const deletion = deletionOf(message, inbox);
-  if (deletion && deletion.at.getTime() <= now.getTime()) {
+  if (deletion && (message.state === 'deleted' || deletion.at.getTime() <= now.getTime())) {
     if (now.getTime() >= deletion.at.getTime() + ms(settings.goneSeconds)) return { kind: 'missing' };
     return { kind: 'gone', reason: deletion.reason, at: deletion.at };
   }

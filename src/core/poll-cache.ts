@@ -20,6 +20,8 @@ export interface CachedPage {
   validUntil: number;
   messages: readonly MessageSummary[];
   rejections: readonly RejectionEvent[];
+  /** The event positions of `rejections`, in order. */
+  rejectionPositions: readonly number[];
   nextPosition: number;
   hasMore: boolean;
 }

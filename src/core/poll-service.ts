@@ -81,8 +81,13 @@ export class PollService {
       (await this.#readPage(caller, afterPosition, limit, now, key));
     const inboxUrl = `${this.#settings.publicBaseUrl}/v1/inboxes/${inbox.inboxId}`;
     const nextCursor = encodeCursor(page.nextPosition);
+    // The status was read with the credential, the events a moment later: a rejection recorded in
+    // between is listed, so it is counted too (each recorded event counts at least one attempt).
+    // Until 2026-11-25 such a poll could show fewer attempts than the rejections it listed.
+    const newer = page.rejectionPositions.filter((position) => position > inbox.eventSeq).length;
+    const counted = newer === 0 ? inbox : { ...inbox, rejectionCount: inbox.rejectionCount + newer };
     return {
-      inbox: presentInboxStatus(inbox, usage, now, this.#settings.mailDomain),
+      inbox: presentInboxStatus(counted, usage, now, this.#settings.mailDomain),
       server_time: now.toISOString(),
       messages: page.messages,
       rejections: page.rejections,
@@ -142,11 +147,21 @@ export class PollService {
     for (const m of messages) validUntil = Math.min(validUntil, deleteAfter(m).getTime());
     for (const r of rejections)
       validUntil = Math.min(validUntil, (r.listedAt ?? now).getTime() + retentionMs);
+    // `hasMore` rests on the events beyond the page: their deadlines end the page's validity too, or a
+    // page kept saying `has_more: true` after the last of them was deleted (until 2026-11-25).
+    for (const event of events.slice(limit)) {
+      const ends =
+        event.kind === 'message'
+          ? event.message.deleteAfter?.getTime()
+          : event.listedAt && event.listedAt.getTime() + retentionMs;
+      if (ends) validUntil = Math.min(validUntil, ends);
+    }
     const page: CachedPage = {
       version: inbox.version,
       validUntil,
       messages: messages.map((m) => presentMessage(m, inboxUrl, deleteAfter(m))),
       rejections: rejections.map((r) => presentRejection(r.rejection)),
+      rejectionPositions: rejections.map((r) => r.rejection.position),
       nextPosition,
       hasMore,
     };

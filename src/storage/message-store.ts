@@ -279,7 +279,7 @@ export class PgMessageStore implements MessageStore {
       'message-mark-downloaded',
       bumpingVersion(`UPDATE messages SET downloaded_at = coalesce(downloaded_at, $3),
            delete_after = least(coalesce(delete_after, 'infinity'), $4)
-         WHERE inbox_id = $1 AND message_id = $2
+         WHERE inbox_id = $1 AND message_id = $2 AND state = 'stored'
            AND (downloaded_at IS NULL OR delete_after IS NULL OR delete_after > $4)
          RETURNING message_id`),
       [inboxId, messageId, now, deleteAfter],
@@ -291,7 +291,7 @@ export class PgMessageStore implements MessageStore {
       'message-record-lost',
       bumpingVersion(`UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $3),
            deleted_reason = coalesce(deleted_reason, 'lost')
-         WHERE inbox_id = $1 AND message_id = $2 RETURNING message_id`),
+         WHERE inbox_id = $1 AND message_id = $2 AND state = 'stored' RETURNING message_id`),
       [message.inboxId, message.messageId, now],
     );
   }
