@@ -80,7 +80,8 @@ type Outcome =
   | { kind: 'stored' | 'duplicate'; messageId: string }
   | { kind: 'discarded' | 'failed' | 'too_many' };
 
-const DEFAULT_PARALLEL_STORES = 8;
+/** postfix/main.cf's lmtp_destination_recipient_limit keeps each delivery within it (render test). */
+export const DEFAULT_PARALLEL_STORES = 8;
 /** Postfix queue ids are alphanumeric (long ids: up to 16 characters); anything printable is taken. */
 const QUEUE_ID = /^[\x21-\x7e]{1,64}$/;
 const DEFAULT_STALL_MS = 60_000;

@@ -78,10 +78,16 @@ export class RecipientAdmission {
     this.#settings = settings;
   }
 
-  /** The decisions of one policy connection, with its transaction's recipients. */
+  /**
+   * The decisions of one policy connection, with its transaction's recipients. An inbox named again in
+   * the same transaction (the same address, or another spelling of it) gets the verdict it got, with
+   * nothing recorded again: until 2026-11-25 a repeat was grouped as another inbox (452 4.5.3 when its
+   * quota was not roomy), and a refusal was recorded once per repeat.
+   */
   connection(): { decide(request: RecipientRequest): Promise<Verdict> } {
     let instance = '';
     let members: Member[] = [];
+    let decided = new Map<string, Verdict>();
     return {
       decide: async (request) => {
         if (request.protocolState === 'CONNECT') return this.admitClient(request.clientAddress, request);
@@ -89,13 +95,16 @@ export class RecipientAdmission {
         if (request.instance !== instance) {
           instance = request.instance;
           members = [];
+          decided = new Map();
         }
+        const inboxId = inboxIdOf(request.recipient, this.#settings.mailDomain);
+        const earlier = inboxId === null ? undefined : decided.get(inboxId);
+        if (earlier) return earlier;
         const outcome = await this.#admitRecipient(request, members);
-        if ('member' in outcome) {
-          members.push(outcome.member);
-          return ACCEPT;
-        }
-        return outcome.verdict;
+        if ('member' in outcome) members.push(outcome.member);
+        const verdict = 'member' in outcome ? ACCEPT : outcome.verdict;
+        if (inboxId !== null) decided.set(inboxId, verdict);
+        return verdict;
       },
     };
   }

@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { loadConfig } from '../../src/config/config.ts';
+import { DEFAULT_PARALLEL_STORES } from '../../src/core/delivery-service.ts';
 import { findPostfix, PostfixInstance, postfixDirs, writeConfigFile } from '../../src/postfix/instance.ts';
 import {
   applyOverrides,
@@ -123,6 +124,8 @@ describe('renderPostfix', () => {
       smtpd_relay_restrictions: 'reject_unauth_destination',
       smtpd_recipient_restrictions: policy,
       smtpd_recipient_limit: '100',
+      smtpd_soft_error_limit: '110',
+      smtpd_hard_error_limit: '120',
       smtpd_milters: 'inet:127.0.0.1:10041',
       milter_default_action: 'tempfail',
       milter_protocol: '6',
@@ -137,6 +140,7 @@ describe('renderPostfix', () => {
       milter_unknown_command_macros: '',
       message_size_limit: String(26214400 + 65536),
       lmtp_send_xforward_command: 'yes',
+      lmtp_destination_recipient_limit: String(DEFAULT_PARALLEL_STORES),
       lmtp_connection_cache_destinations: '127.0.0.1',
       enable_long_queue_ids: 'yes',
       default_transport: 'discard:outbound mail disabled',
