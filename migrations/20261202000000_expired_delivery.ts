@@ -1,6 +1,6 @@
 /**
- * A delivery that completes after its inbox expired stores nothing and leaves its reservation as the
- * expiry found it, for the expiry sweep to delete.
+ * A delivery that completes more than a minute after its inbox expired stores nothing and leaves its
+ * reservation as the expiry found it, for the expiry sweep to delete.
  *
  * Why: an expired inbox's status keeps its final counts, taken at expires_at (contract section 3;
  * storage/usage.ts), and DESIGN decision 9 has the jobs only clean up. A message the milter reserved
@@ -12,6 +12,10 @@
  * sweep: the sweep then marks it deleted (reason 'expired') and the counts are the same either way. A
  * cancelled inbox keeps the behaviour of migrations/20261128000000_cancelled_delivery.ts. The receiver
  * still answers 250: the message was delivered, and the inbox's mail is deleted at expiry.
+ *
+ * The minute is the expiry sweep's own margin (EXPIRE_SETTLE_SECONDS, src/jobs/expire-inboxes.ts): the
+ * receiver's clock may run ahead of the API's, where an extend can still keep the inbox live. Within
+ * it the message is stored as before (the sweep has not run yet, so the order question does not arise).
  */
 import type { Knex } from 'knex';
 
@@ -47,7 +51,7 @@ export async function up(knex: Knex): Promise<void> {
       UPDATE inboxes SET event_seq = event_seq + 1, version = version + 1 WHERE inbox_id = p_inbox_id
         RETURNING event_seq, cancelled_at, expires_at INTO v_position, v_cancelled_at, v_expires_at;
       ${CANCELLED}
-      IF v_expires_at <= p_now THEN
+      IF v_expires_at + interval '60 seconds' <= p_now THEN
         DELETE FROM message_chunks WHERE inbox_id = p_inbox_id AND message_id = p_message_id;
         RETURN;
       END IF;

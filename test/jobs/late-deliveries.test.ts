@@ -2,8 +2,10 @@
  * Deliveries that reach the store late, against the jobs (contract section 3: an expired inbox's
  * status "keeps final counts"; DESIGN decision 9: time rules are evaluated on read, jobs only clean
  * up). Whatever the order of a late store and a job, the answers are the same:
- * - a message reserved before expiry and delivered after it leaves the final counts as they were at
- *   expires_at, whether the expiry sweep ran first or not (migrations/20261202000000_expired_delivery.ts);
+ * - a message reserved before expiry and delivered more than a minute after it (the expiry sweep's
+ *   margin) leaves the final counts as they were at expires_at, whether the sweep ran first or not
+ *   (migrations/20261202000000_expired_delivery.ts); within the minute it is stored, since a receiver
+ *   whose clock runs ahead may see expired an inbox the API still extends;
  * - a delivery after its reservation was released is dropped, also once GONE_SECONDS have passed
  *   (drop-tombstones keeps released rows);
  * - an expired inbox whose only message has 0 bytes is purged like any other.
@@ -83,7 +85,8 @@ describe('a message reserved before expiry and delivered after it', () => {
       const data = randomBytes(size);
       assert.equal(await reserve(h, storeFirst, `QS${kind}`, size), 'reserved');
       assert.equal(await reserve(h, sweepFirst, `QW${kind}`, size), 'reserved');
-      h.clock.advance(h.config.unitSeconds + 1);
+      // Past the expiry sweep's margin: from here on either may come first.
+      h.clock.advance(h.config.unitSeconds + EXPIRE_SETTLE_SECONDS + 1);
       const atExpiry = await status(h, storeFirst);
       assert.equal(atExpiry.state, 'expired');
       assert.equal(atExpiry.quota_used_bytes, size + ALLOWANCE);
@@ -99,7 +102,6 @@ describe('a message reserved before expiry and delivered after it', () => {
       assert.deepEqual(await status(h, storeFirst), atExpiry);
       assert.equal((await footprint(h, storeFirst.inbox_id)).chunks, 0);
 
-      h.clock.advance(EXPIRE_SETTLE_SECONDS + 1);
       await testJobs(h).run('expire-inboxes');
       // The sweep came first for the other inbox: its late store is a duplicate.
       assert.equal((await store(h, sweepFirst, `QW${kind}`, data)).kind, 'duplicate');
@@ -113,6 +115,42 @@ describe('a message reserved before expiry and delivered after it', () => {
       }
     });
   }
+});
+
+describe('a receiver whose clock runs ahead of the API', () => {
+  const harness = withHarness({});
+
+  test('stores a message it dates within a minute past expires_at, and an extend the API still takes keeps it', async () => {
+    const h = harness();
+    const inbox = await h.provision();
+    assert.equal(await reserve(h, inbox, 'QSKEW', 100), 'reserved');
+    h.clock.advance(h.config.unitSeconds - 1);
+    const data = Buffer.from('Subject: skew\r\n\r\nbody\r\n');
+    // The receiver's clock is 2 s ahead: to it, the inbox expired a second ago.
+    const late = await h.messages.store(
+      {
+        inboxId: inbox.inbox_id,
+        queueId: 'QSKEW',
+        envelopeFrom: 's@example.test',
+        now: new Date(h.clock.now().getTime() + 2_000),
+        summary: SUMMARY,
+      },
+      pieces(data),
+    );
+    assert.equal(late.kind, 'stored');
+    const extended = await h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, {
+      token: inbox.credentials.owner,
+    });
+    assert.equal(extended.status, 200, extended.text);
+    const listed = await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, {
+      token: inbox.credentials.reader,
+    });
+    assert.deepEqual(
+      listed.json.messages.map((m: { subject: string; size_bytes: number }) => [m.subject, m.size_bytes]),
+      [['late', data.length]],
+    );
+    assert.equal((await status(h, inbox)).quota_used_bytes, data.length);
+  });
 });
 
 describe('a delivery after its reservation was released', () => {
