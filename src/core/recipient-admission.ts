@@ -143,13 +143,15 @@ export class RecipientAdmission {
       await this.#record(target.inbox, request, 'sender_opted_out', optedOut, now);
       return { verdict: this.#replies.senderOptedOut };
     }
-    // A declared size over the limit is refused as at end of data, not recorded: the size limit comes
-    // before the quota there (message-admission.ts), and so here. (Until 2026-11-25 such a SIZE=, over
-    // the free quota too, was recorded as `quota`, and the same message sent without SIZE= was not.)
-    if (request.size > this.#settings.maxMessageBytes) return { verdict: this.#replies.messageTooBig };
+    // A declared size over the limit is left to end of data, which refuses it with 552 5.3.4 and records
+    // nothing: the size limit comes before the quota there (message-admission.ts). Until 2026-11-25
+    // such a SIZE=, over the free quota too, was recorded as `quota`, and the same message sent without
+    // SIZE= was not. Not refused here: a 552 to RCPT is "too many recipients" to some clients (RFC 5321
+    // 4.5.3.1.10), which retry it; and Postfix itself refuses at MAIL what is over its own limit, 64 KiB
+    // more, so what comes here is at most that much over.
     const { usedBytes } = target;
     const free = usedBytes === undefined ? null : freeBytes({ inbox: target.inbox, usedBytes });
-    if (free !== null && request.size > free) {
+    if (free !== null && request.size > free && request.size <= this.#settings.maxMessageBytes) {
       await this.#record(target.inbox, request, 'quota', null, now);
       return { verdict: this.#replies.quotaExceeded };
     }
