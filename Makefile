@@ -30,8 +30,8 @@ typecheck: install
 install: node_modules/.installed
 
 node_modules/.installed: package.json package-lock.json
-	@# npm ci refuses this lockfile: npm leaves other platforms' optional biome binaries out of it.
-	npm install --no-audit --no-fund
+	@# Exactly the lockfile's versions (npm install could drift from it, and rewrote it).
+	npm ci --no-audit --no-fund
 	@$(NODE) --version | grep -q '^v24\.' || { echo "node_modules/.bin/node is not Node 24"; exit 1; }
 	@touch $@
 

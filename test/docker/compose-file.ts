@@ -43,6 +43,7 @@ export interface Service {
   volumes?: string[];
   healthcheck?: Healthcheck;
   stop_grace_period?: string;
+  logging?: { driver: string };
 }
 
 export interface ComposeFile {

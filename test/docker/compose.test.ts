@@ -111,6 +111,8 @@ const ServiceSchema = Type.Object(
       { additionalProperties: false },
     ),
     stop_grace_period: Type.Optional(Duration),
+    // Every container's log is rotated: Docker's default json-file driver keeps every line for ever.
+    logging: Type.Object({ driver: Type.Literal('local') }, { additionalProperties: false }),
   },
   { additionalProperties: false },
 );
