@@ -13,6 +13,7 @@
  *   is one linear pass.
  */
 
+import { isIP } from 'node:net';
 import { headerFields } from './message-summary.ts';
 import type { Authentication } from './model.ts';
 
@@ -173,7 +174,10 @@ export function authservIdOf(value: string): string | null {
   return id ? id.toLowerCase() : null;
 }
 
-/** The domain of `local@domain`, or the value itself when it is a bare domain; lowercase; null if empty. */
+/**
+ * The domain of `local@domain`, or the value itself when it is a bare domain; lowercase; null if empty
+ * or not a domain name (an address literal such as a HELO of `[127.0.0.3]`).
+ */
 function domainOf(identity: string | undefined): string | null {
   if (identity === undefined) return null;
   const domain = identity
@@ -182,6 +186,7 @@ function domainOf(identity: string | undefined): string | null {
     .trim()
     .replace(/\.$/, '')
     .toLowerCase();
+  if (domain.startsWith('[') || isIP(domain) !== 0) return null;
   return domain || null;
 }
 
@@ -190,8 +195,14 @@ const aligned = (a: string, b: string): boolean => a === b || a.endsWith(`.${b}`
 
 const NONE = { result: 'none', domain: null } as const;
 
-/** The contract's object from parsed results (contract section 2; MAIL-FACTS E.4 mapping). */
-export function toAuthentication(field: AuthenticationResults): Authentication {
+/**
+ * The contract's object from parsed results (contract section 2; MAIL-FACTS E.4 mapping). `envelopeFrom`
+ * (the LMTP MAIL FROM, '' for the null sender) names SPF's domain when our field has no
+ * `smtp.mailfrom`: mailauth leaves out a property over 900 bytes, and a long envelope sender then
+ * left `smtp.helo`, a name the client chooses, to stand for the SPF pass (until 2026-11-25). Only for
+ * the null sender is the HELO name SPF's identity (RFC 7208 section 2.4).
+ */
+export function toAuthentication(field: AuthenticationResults, envelopeFrom = ''): Authentication {
   const first = (method: string) => field.results.find((r) => r.method === method);
   const dmarc = first('dmarc');
   const fromDomain = domainOf(dmarc?.properties.get('header.from'));
@@ -213,7 +224,9 @@ export function toAuthentication(field: AuthenticationResults): Authentication {
     spf: spf
       ? {
           result: spf.result,
-          domain: domainOf(spf.properties.get('smtp.mailfrom')) ?? domainOf(spf.properties.get('smtp.helo')),
+          domain:
+            domainOf(spf.properties.get('smtp.mailfrom')) ??
+            (envelopeFrom === '' ? domainOf(spf.properties.get('smtp.helo')) : domainOf(envelopeFrom)),
         }
       : { ...NONE },
   };
@@ -223,10 +236,14 @@ export function toAuthentication(field: AuthenticationResults): Authentication {
  * The `authentication` object of a stored message from its header block: null unless the first field is
  * a readable Authentication-Results with authserv-id `authservId`.
  */
-export function readAuthentication(head: Buffer, authservId: string): Authentication | null {
+export function readAuthentication(
+  head: Buffer,
+  authservId: string,
+  envelopeFrom = '',
+): Authentication | null {
   const [firstField] = headerFields(head);
   if (firstField?.name.toLowerCase() !== 'authentication-results') return null;
   const parsed = parseAuthenticationResults(firstField.value);
   if (!parsed || parsed.authservId !== authservId.toLowerCase()) return null;
-  return toAuthentication(parsed);
+  return toAuthentication(parsed, envelopeFrom);
 }

@@ -253,7 +253,7 @@ export class DeliveryService {
     let authentication: DeliverySummary['authentication'] = null;
     try {
       summary = summarizeMessage(head, envelopeFrom, this.#maxHeaderBytes);
-      authentication = readAuthentication(head, this.#authservId);
+      authentication = readAuthentication(head, this.#authservId, envelopeFrom);
     } catch (error) {
       this.#log({ level: 'error', msg: 'header parsing failed', queue_id: queueId, error: describe(error) });
     }

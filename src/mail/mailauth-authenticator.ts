@@ -61,7 +61,9 @@ export class MailauthAuthenticator implements Authenticator {
     });
     const dmarc = result.dmarc || null;
     return {
-      fromDomain: dmarc?.status.header?.from?.toLowerCase() ?? null,
+      // Without its trailing dot (`allowed.test.` is allowed.test): the lists it is checked against
+      // (sender_domains, opt-outs) hold names without one (until 2026-11-25 it got past both).
+      fromDomain: dmarc?.status.header?.from?.toLowerCase().replace(/\.$/, '') || null,
       dmarc: { result: dmarc ? dmarc.status.result : 'none', policy: dmarc ? dmarc.policy : null },
       alignedDkimPass: (result.dkim.results ?? []).some(
         (r) => r.status.result === 'pass' && r.status.aligned,

@@ -100,6 +100,25 @@ const CASES: [string, string, Authentication | null][] = [
   ['a version that is not a number: null', `${ID} v2; dkim=pass`, null],
 ];
 
+test("authentication: without smtp.mailfrom (mailauth drops a value over 900 bytes) SPF names the envelope sender's domain; the HELO name only for the null sender, and never an address literal", () => {
+  const field = (helo: string) =>
+    Buffer.from(`Authentication-Results: ${ID}; spf=pass smtp.helo=${helo}\r\n${BODY}`);
+  const spf = (helo: string, envelopeFrom: string) => readAuthentication(field(helo), ID, envelopeFrom)?.spf;
+  assert.deepEqual(spf('bank.test', `${'a'.repeat(950)}@Allowed.Test`), {
+    result: 'pass',
+    domain: 'allowed.test',
+  });
+  assert.deepEqual(spf('bank.test', ''), { result: 'pass', domain: 'bank.test' });
+  assert.deepEqual(spf('[127.0.0.3]', ''), { result: 'pass', domain: null });
+  assert.deepEqual(spf('127.0.0.3', ''), { result: 'pass', domain: null });
+  const literal = readAuthentication(
+    Buffer.from(`Authentication-Results: ${ID}; spf=none smtp.mailfrom=postmaster@[127.0.0.3]\r\n${BODY}`),
+    ID,
+    '',
+  );
+  assert.deepEqual(literal?.spf, { result: 'none', domain: null });
+});
+
 for (const [name, field, expected] of CASES) {
   test(`authentication: ${name}`, () => {
     assert.deepEqual(read(field), expected);

@@ -363,3 +363,42 @@ test('an Authentication-Results field giving our authserv-id as a quoted string 
   const raw = await download(inbox, m);
   assert.doesNotMatch(raw.toString('latin1'), /forged\.test/, raw.toString('latin1', 0, 600));
 });
+
+test('an SPF pass for a long envelope sender is reported under its domain, never under the HELO name the client chose', async () => {
+  const inbox = await s.provision();
+  // mailauth leaves smtp.mailfrom out of our field when it is over 900 bytes; smtp.helo stays.
+  const from = `${'a'.repeat(950)}@allowed.test`;
+  const replies = await s.send({
+    from,
+    helo: 'bank.test',
+    to: [inbox.address],
+    message: plainMessage({ to: inbox.address, from: 'x@lax.test' }),
+  });
+  assert.match(replies.end?.text ?? '', /^250 /);
+  const summary = await onlyMessage(inbox);
+  assert.deepEqual(summary.authentication.spf, { result: 'pass', domain: 'allowed.test' });
+});
+
+test('a From: domain written with a trailing dot is the domain without it: admitted by sender_domains, refused when opted out', async () => {
+  const listed = await s.provision(['allowed.test']);
+  const signed = await dkimSignFor(
+    'allowed.test',
+    plainMessage({ to: listed.address, from: 'alice@allowed.test.' }),
+  );
+  const admitted = await s.send({ from: 'bounces@allowed.test', to: [listed.address], message: signed });
+  assert.match(admitted.end?.text ?? '', /^250 /);
+  assert.equal((await onlyMessage(listed)).authentication.dmarc.domain, 'allowed.test');
+
+  await s.optOuts.add('other.test', s.clock.now());
+  try {
+    const inbox = await s.provision();
+    const message = await dkimSignFor(
+      'other.test',
+      plainMessage({ to: inbox.address, from: 'news@other.test.' }),
+    );
+    const refused = await s.send({ from: 'bounces@allowed.test', to: [inbox.address], message });
+    assert.equal(refused.end?.text, '555 5.7.1 svc.test: sender domain opted out');
+  } finally {
+    await s.optOuts.remove('other.test');
+  }
+});

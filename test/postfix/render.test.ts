@@ -125,6 +125,7 @@ describe('renderPostfix', () => {
       smtpd_recipient_restrictions: policy,
       smtpd_recipient_limit: '100',
       smtpd_soft_error_limit: '110',
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: a Postfix expression, not a template
       smtpd_hard_error_limit: '${stress?{1}:{120}}',
       smtpd_milters: 'inet:127.0.0.1:10041',
       milter_default_action: 'tempfail',
