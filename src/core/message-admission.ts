@@ -120,12 +120,13 @@ export class MessageAdmission {
     const addressed = ourRecipients(facts.recipients, this.#settings.mailDomain).map((recipient) =>
       inboxIdOf(recipient, this.#settings.mailDomain),
     );
+    const authors = auth.authorDomains ?? (auth.fromDomain ? [auth.fromDomain] : []);
     const found = await this.#inboxes.findWithOptOuts(
       [...new Set(addressed.filter((id): id is string => id !== null))],
-      auth.fromDomain ? OptOuts.namesCovering(auth.fromDomain) : [],
+      authors.flatMap((domain) => OptOuts.namesCovering(domain)),
     );
     const targets = addressed.map((id) => (id ? found.inboxes.get(id) : undefined));
-    const optedOut = auth.fromDomain ? OptOuts.covering(auth.fromDomain, found.optedOut) : null;
+    const optedOut = authors.map((domain) => OptOuts.covering(domain, found.optedOut)).find((d) => d) ?? null;
     const authenticatedDomain =
       auth.fromDomain && (auth.dmarc.result === 'pass' || auth.alignedDkimPass) ? auth.fromDomain : null;
 

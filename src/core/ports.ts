@@ -282,6 +282,12 @@ export interface ReverseDns {
 export interface AuthVerdict {
   /** The `From:` domain DMARC was evaluated for; null when the header has no single domain. */
   fromDomain: string | null;
+  /**
+   * Every `From:` domain when there are several (several mailboxes of different domains, or several
+   * `From:` fields): DMARC has no one domain to evaluate, so the opt-outs are checked for each, and
+   * `dmarc` is the strictest of their own evaluations. Absent otherwise.
+   */
+  authorDomains?: string[];
   dmarc: { result: string; policy: string | null };
   /** A DKIM signature aligned with `From:` passed. */
   alignedDkimPass: boolean;

@@ -16,6 +16,7 @@
  * milter hands over the header block alone: a 1 MiB unsigned message is not walked a second time.
  */
 import { Readable } from 'node:stream';
+import type { AuthenticateResult } from 'mailauth';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
 import type { CachingLookup } from './dns.ts';
 import { installFastLinebreaks } from './fast-linebreaks.ts';
@@ -45,6 +46,35 @@ export class MailauthAuthenticator implements Authenticator {
     this.#resolver = resolver;
   }
 
+  /**
+   * DMARC for each author domain of a message with several, as if it were the only one (RFC 7489
+   * 6.6.1 lets a receiver apply each): the verdict is the strictest, a failure under `p=reject` if any.
+   */
+  async #eachAuthor(result: AuthenticateResult): Promise<{ domains: string[]; dmarc: AuthVerdict['dmarc'] }> {
+    const { dmarc } = await import('mailauth/lib/dmarc/index.js');
+    const domains = authorDomainsOf(result.dkim.headerFrom ?? []);
+    const spf = result.spf && result.spf.status.result === 'pass' ? [result.spf.domain] : [];
+    const dkim = (result.dkim.results ?? [])
+      .filter((r) => r.status.result === 'pass' && r.signingDomain)
+      .map((r) => ({ domain: r.signingDomain as string }));
+    const verdicts = await Promise.all(
+      domains.map((domain) =>
+        dmarc({
+          headerFrom: `postmaster@${domain}`,
+          spfDomains: spf,
+          dkimDomains: dkim,
+          resolver: (name: string, rrtype: string) =>
+            this.#resolver.resolve(name, rrtype) as Promise<string[][] | string[]>,
+        }),
+      ),
+    );
+    const rejected = verdicts.some((v) => v && v.status.result === 'fail' && v.policy === 'reject');
+    return {
+      domains,
+      dmarc: rejected ? { result: 'fail', policy: 'reject' } : { result: 'none', policy: null },
+    };
+  }
+
   readsBody(headerNames: readonly string[]): boolean {
     return headerNames.some(signsBody);
   }
@@ -60,17 +90,45 @@ export class MailauthAuthenticator implements Authenticator {
       resolver: (name, rrtype) => this.#resolver.resolve(name, rrtype) as Promise<string[][] | string[]>,
     });
     const dmarc = result.dmarc || null;
+    const several = SEVERAL_AUTHORS.has((result as { dmarcSkipReason?: string }).dmarcSkipReason ?? '')
+      ? await this.#eachAuthor(result)
+      : undefined;
     return {
       // Without its trailing dot (`allowed.test.` is allowed.test): the lists it is checked against
       // (sender_domains, opt-outs) hold names without one (until 2026-11-25 it got past both).
       fromDomain: dmarc?.status.header?.from?.toLowerCase().replace(/\.$/, '') || null,
-      dmarc: { result: dmarc ? dmarc.status.result : 'none', policy: dmarc ? dmarc.policy : null },
+      ...(several && { authorDomains: several.domains }),
+      dmarc: several?.dmarc ?? {
+        result: dmarc ? dmarc.status.result : 'none',
+        policy: dmarc ? dmarc.policy : null,
+      },
       alignedDkimPass: (result.dkim.results ?? []).some(
         (r) => r.status.result === 'pass' && r.status.aligned,
       ),
       headerValue: authResultsValue(result.headers),
     };
   }
+}
+
+/**
+ * mailauth's reasons for not evaluating DMARC that name more than one author domain (RFC 9989 5.3.1).
+ * Such mail used to pass as if it had no DMARC at all: a `From:` naming a `p=reject` domain beside
+ * another got past `p=reject`, and one naming an opted-out domain past the opt-out (until 2026-11-25).
+ */
+const SEVERAL_AUTHORS = new Set(['multiple-author-domains', 'multiple-from-fields', 'invalid-author-domain']);
+
+/** The domain of each `From:` address, lowercased, without a trailing dot; duplicates and non-domains out. */
+export function authorDomainsOf(addresses: readonly string[]): string[] {
+  const domains = addresses
+    .map((address) =>
+      address
+        .slice(address.lastIndexOf('@') + 1)
+        .trim()
+        .toLowerCase()
+        .replace(/\.$/, ''),
+    )
+    .filter((domain, i) => addresses[i]?.includes('@') && /^[^\s@[\]]+\.[^\s@[\]]+$/.test(domain));
+  return [...new Set(domains)];
 }
 
 /** The value of the Authentication-Results field in mailauth's `headers` text (fields end in CRLF). */

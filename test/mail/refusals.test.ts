@@ -381,6 +381,44 @@ test('mail failing DMARC for a p=reject domain gets 550 5.7.1 DMARC checks faile
   await assertRecorded(inbox, []);
 });
 
+test('a From: naming several domains is checked for each: one failing DMARC under p=reject gets 550, one opted out gets 555 (recorded), and neither gets through', async () => {
+  const inbox = await s.provision();
+  const at = iso(s.clock.now());
+  const mixed = plainMessage({ to: inbox.address, from: 'ceo@strict.test, x@lax.test' });
+  assertRefusedAtEom(
+    await s.send({ from: 'ceo@strict.test', to: [inbox.address], message: mixed }),
+    '550 5.7.1 DMARC checks failed',
+  );
+  const twoFields = plainMessage({
+    to: inbox.address,
+    from: 'x@lax.test',
+    extraHeaders: ['From: ceo@strict.test'],
+  });
+  assertRefusedAtEom(
+    await s.send({ from: 'ceo@strict.test', to: [inbox.address], message: twoFields }),
+    '550 5.7.1 DMARC checks failed',
+  );
+  const optedOut = plainMessage({ to: inbox.address, from: 'news@optout.test, x@lax.test' });
+  assertRefusedAtEom(
+    await s.send({ from: 'bounce@lax.test', to: [inbox.address], message: optedOut }),
+    '555 5.7.1 svc.test: sender domain opted out',
+  );
+  await assertRecorded(inbox, [
+    {
+      at,
+      envelope_from: 'bounce@lax.test',
+      reason: 'sender_opted_out',
+      sender_domain: 'optout.test',
+      size_bytes: optedOut.length,
+    },
+  ]);
+  // Several domains none of which refuses: delivered, with no DMARC verdict.
+  const other = await s.provision();
+  const both = plainMessage({ to: other.address, from: 'a@allowed.test, b@lax.test' });
+  const delivered = await s.send({ from: 'a@allowed.test', to: [other.address], message: both });
+  assert.match(delivered.end?.text ?? '', /^250 /);
+});
+
 test('a From: domain that opted out gets 555 5.7.1 sender domain opted out at end of data, recorded with that domain', async () => {
   const inbox = await s.provision();
   const at = iso(s.clock.now());
