@@ -127,6 +127,9 @@ export class MessageAdmission {
     );
     const targets = addressed.map((id) => (id ? found.inboxes.get(id) : undefined));
     const optedOut = authors.map((domain) => OptOuts.covering(domain, found.optedOut)).find((d) => d) ?? null;
+    // An author DMARC could not be checked for is refused as failing it, unless an opt-out (recorded)
+    // says more.
+    if (auth.unverifiableAuthor && !optedOut) return this.#replies.dmarcFailed;
     const authenticatedDomain =
       auth.fromDomain && (auth.dmarc.result === 'pass' || auth.alignedDkimPass) ? auth.fromDomain : null;
 

@@ -288,6 +288,11 @@ export interface AuthVerdict {
    * `dmarc` is the strictest of their own evaluations. Absent otherwise.
    */
   authorDomains?: string[];
+  /**
+   * More author domains than are evaluated (MAX_AUTHOR_DOMAINS), or a `From:` whose domain the DMARC
+   * library cannot read as a reader would: refused as failing DMARC, after the opt-out check.
+   */
+  unverifiableAuthor?: boolean;
   dmarc: { result: string; policy: string | null };
   /** A DKIM signature aligned with `From:` passed. */
   alignedDkimPass: boolean;

@@ -53,14 +53,17 @@ export class MailauthAuthenticator implements Authenticator {
    * every candidate of an address with several `@`, as a mail client might show either): until
    * 2026-11-25 our own parsing missed both, and `ceo@strict.test@lax.test` got past `p=reject`.
    */
-  async #eachAuthor(result: AuthenticateResult): Promise<{ domains: string[]; dmarc: AuthVerdict['dmarc'] }> {
+  async #eachAuthor(
+    result: AuthenticateResult,
+  ): Promise<{ domains: string[]; dmarc: AuthVerdict['dmarc']; unverifiable?: boolean }> {
     const [{ dmarc }, { getAuthorDomain }] = await Promise.all([
       import('mailauth/lib/dmarc/index.js'),
       import('mailauth/lib/dmarc/author-domain.js'),
     ]);
     const author = getAuthorDomain(result.dkim.headerFrom ?? [], result.dkim.fromFields);
     const domains = (author.domains ?? []).filter((domain) => !domain.startsWith('['));
-    if (domains.length > MAX_AUTHOR_DOMAINS) return { domains, dmarc: { result: 'fail', policy: 'reject' } };
+    if (domains.length > MAX_AUTHOR_DOMAINS)
+      return { domains, dmarc: { result: 'none', policy: null }, unverifiable: true };
     const spf = result.spf && result.spf.status.result === 'pass' ? [result.spf.domain] : [];
     const dkim = (result.dkim.results ?? [])
       .filter((r) => r.status.result === 'pass' && r.signingDomain)
@@ -103,8 +106,9 @@ export class MailauthAuthenticator implements Authenticator {
     return {
       // Without its trailing dot (`allowed.test.` is allowed.test): the lists it is checked against
       // (sender_domains, opt-outs) hold names without one (until 2026-11-25 it got past both).
-      fromDomain: dmarc?.status.header?.from?.toLowerCase().replace(/\.$/, '') || null,
+      fromDomain: dmarc?.status.header?.from?.toLowerCase().replace(/\.+$/, '') || null,
       ...(several && { authorDomains: several.domains }),
+      ...(several?.unverifiable && { unverifiableAuthor: true }),
       dmarc: several?.dmarc ?? {
         result: dmarc ? dmarc.status.result : 'none',
         policy: dmarc ? dmarc.policy : null,

@@ -445,6 +445,36 @@ test('a From: naming several domains is checked for each: one failing DMARC unde
   assert.match(delivered.end?.text ?? '', /^250 /);
 });
 
+test('a From: domain DMARC cannot read as a mail reader would (white space or a comment at a dot) is refused as failing DMARC; an opt-out still wins, also beside too many domains or with trailing dots', async () => {
+  const inbox = await s.provision();
+  for (const from of ['Bank <ceo@strict .test>', 'ceo@strict.(x)test', 'news@allowed. test']) {
+    const message = plainMessage({ to: inbox.address, from });
+    assertRefusedAtEom(
+      await s.send({ from: 'x@lax.test', to: [inbox.address], message }),
+      '550 5.7.1 DMARC checks failed',
+    );
+  }
+  const crowd = ['a@optout.test', ...Array.from({ length: 5 }, (_, i) => `a@d${i}.example`)].join(', ');
+  const dots = await dkimSignFor(
+    'optout.test',
+    plainMessage({ to: inbox.address, from: 'news@optout.test..' }),
+  );
+  for (const message of [plainMessage({ to: inbox.address, from: crowd }), dots]) {
+    assertRefusedAtEom(
+      await s.send({ from: 'x@lax.test', to: [inbox.address], message }),
+      '555 5.7.1 svc.test: sender domain opted out',
+    );
+  }
+  const body = await poll(inbox);
+  assert.deepEqual(
+    body.rejections.map((e: { reason: string; sender_domain: string }) => [e.reason, e.sender_domain]),
+    [
+      ['sender_opted_out', 'optout.test'],
+      ['sender_opted_out', 'optout.test'],
+    ],
+  );
+});
+
 test('a From: domain that opted out gets 555 5.7.1 sender domain opted out at end of data, recorded with that domain', async () => {
   const inbox = await s.provision();
   const at = iso(s.clock.now());
