@@ -113,7 +113,10 @@ export class MessageAdmission {
     const now = this.#clock.now();
     if (facts.sizeBytes > this.#settings.maxMessageBytes) return this.#replies.messageTooBig;
     const { auth } = facts;
-    if (auth.dmarc.result === 'fail' && auth.dmarc.policy === 'reject') return this.#replies.dmarcFailed;
+    // A failure a DNS outage may have caused (mailauth counts a temperror as not passing) is for now:
+    // until 2026-11-25 a broken lookup of the sender's key bounced its mail for good.
+    if (auth.dmarc.result === 'fail' && auth.dmarc.policy === 'reject')
+      return auth.lookupFailed ? this.#replies.dmarcUnavailable : this.#replies.dmarcFailed;
 
     // The inboxes only, with the From: domain's opt-outs in the same read: their usage is read under
     // the inbox lock when reserving (reserveAll).

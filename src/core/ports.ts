@@ -293,6 +293,8 @@ export interface AuthVerdict {
    * library cannot read as a reader would: refused as failing DMARC, after the opt-out check.
    */
   unverifiableAuthor?: boolean;
+  /** An SPF or DKIM check that could have aligned with `From:` failed on DNS (`temperror`). */
+  lookupFailed?: boolean;
   dmarc: { result: string; policy: string | null };
   /** A DKIM signature aligned with `From:` passed. */
   alignedDkimPass: boolean;

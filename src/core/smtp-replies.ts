@@ -37,6 +37,8 @@ export function smtpReplies({ mailDomain, abuseContact }: ReplySettings) {
     /** The recipients of one transaction came out differently at end of data (a race): all retry. */
     recipientsDisagree: defer(451, '4.5.3', `${svc}: recipients need separate transactions, try again`),
     dmarcFailed: reject(550, '5.7.1', 'DMARC checks failed'),
+    /** A DMARC failure under p=reject that a DNS failure may have caused: the sender tries again. */
+    dmarcUnavailable: defer(451, '4.7.1', 'DMARC checks could not be completed, try again later'),
     /** RFC 5321 4.5.3.1.9 / RFC 3463 5.3.4: over the fixed size limit (contract section 8: 25 MiB). */
     messageTooBig: reject(552, '5.3.4', 'Message size exceeds fixed maximum message size'),
     ...deliveryReplies(mailDomain),

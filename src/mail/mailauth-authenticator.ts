@@ -108,10 +108,23 @@ export class MailauthAuthenticator implements Authenticator {
     const several = SEVERAL_AUTHORS.has((result as { dmarcSkipReason?: string }).dmarcSkipReason ?? '')
       ? await this.#eachAuthor(result)
       : undefined;
+    const fromDomain = dmarc?.status.header?.from?.toLowerCase().replace(/\.+$/, '') || null;
+    const couldAlign = (domain: string | undefined) => {
+      const d = domain?.toLowerCase().replace(/\.+$/, '');
+      return (
+        !!d &&
+        !!fromDomain &&
+        (d === fromDomain || d.endsWith(`.${fromDomain}`) || fromDomain.endsWith(`.${d}`))
+      );
+    };
+    const lookupFailed =
+      (result.spf && result.spf.status.result === 'temperror' && couldAlign(result.spf.domain)) ||
+      (result.dkim.results ?? []).some((r) => r.status.result === 'temperror' && couldAlign(r.signingDomain));
     return {
+      ...(lookupFailed && { lookupFailed: true }),
       // Without its trailing dot (`allowed.test.` is allowed.test): the lists it is checked against
       // (sender_domains, opt-outs) hold names without one (until 2026-11-25 it got past both).
-      fromDomain: dmarc?.status.header?.from?.toLowerCase().replace(/\.+$/, '') || null,
+      fromDomain,
       ...(several && { authorDomains: several.domains }),
       ...(several?.unverifiable && { unverifiableAuthor: true }),
       dmarc: several?.dmarc ?? {

@@ -12,6 +12,7 @@
  * - lax.test unsigned fails DMARC under p=none: delivered with the failure reported.
  */
 import assert from 'node:assert/strict';
+import { generateKeyPairSync } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { dkimSign } from 'mailauth';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
@@ -19,7 +20,19 @@ import { DKIM_SELECTOR, dkimSignFor, testZone } from '../support/dns-zone.ts';
 import { type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
 
 let s: MailStack;
+/**
+ * flaky.example publishes p=reject, but its DKIM key lookup fails: a name outside the zone's local
+ * domains goes to no upstream and is REFUSED, which mailauth reads as temperror.
+ */
+const flakyKey = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({
+  type: 'pkcs8',
+  format: 'pem',
+}) as string;
+
 before(async () => {
+  const txt = testZone().records.txt as Record<string, string>;
+  txt['_dmarc.flaky.example'] = 'v=DMARC1; p=reject';
+  txt['flaky.example'] = 'v=spf1 ip4:192.0.2.1 -all';
   s = await startMailStack();
 });
 after(() => s?.close());
@@ -401,4 +414,26 @@ test('a From: domain written with a trailing dot is the domain without it: admit
   } finally {
     await s.optOuts.remove('other.test');
   }
+});
+
+test('a DMARC failure under p=reject that a failed DNS lookup may have caused (the key of an aligned signature) is a 451, retried, not a 550', async () => {
+  const inbox = await s.provision();
+  const message = plainMessage({ to: inbox.address, from: 'ceo@flaky.example' });
+  const signer = { signingDomain: 'flaky.example', selector: DKIM_SELECTOR, privateKey: flakyKey };
+  const signed = await dkimSign(message, {
+    ...signer,
+    canonicalization: 'relaxed/relaxed',
+    algorithm: 'rsa-sha256',
+    signatureData: [signer],
+  });
+  assert.deepEqual(signed.errors, []);
+  const replies = await s.send({
+    from: 'x@lax.test',
+    to: [inbox.address],
+    message: Buffer.concat([Buffer.from(signed.signatures), message]),
+  });
+  assert.equal(replies.end?.text, '451 4.7.1 DMARC checks could not be completed, try again later');
+  // Unsigned, the same failure has no failed lookup behind it: refused for good.
+  const unsigned = await s.send({ from: 'x@lax.test', to: [inbox.address], message });
+  assert.equal(unsigned.end?.text, '550 5.7.1 DMARC checks failed');
 });
