@@ -14,6 +14,7 @@
  */
 
 import { isIP } from 'node:net';
+import { domainsAlign, plainDomain } from './mail-address.ts';
 import { headerFields } from './message-summary.ts';
 import type { Authentication } from './model.ts';
 
@@ -180,18 +181,15 @@ export function authservIdOf(value: string): string | null {
  */
 function domainOf(identity: string | undefined): string | null {
   if (identity === undefined) return null;
-  const domain = identity
-    .slice(identity.lastIndexOf('@') + 1)
-    .replaceAll('\0', '')
-    .trim()
-    .replace(/\.$/, '')
-    .toLowerCase();
+  const domain = plainDomain(
+    identity
+      .slice(identity.lastIndexOf('@') + 1)
+      .replaceAll('\0', '')
+      .trim(),
+  );
   if (domain.startsWith('[') || isIP(domain) !== 0) return null;
   return domain || null;
 }
-
-/** Relaxed alignment as the brief defines it: equal, or one a subdomain of the other. */
-const aligned = (a: string, b: string): boolean => a === b || a.endsWith(`.${b}`) || b.endsWith(`.${a}`);
 
 const NONE = { result: 'none', domain: null } as const;
 
@@ -213,7 +211,7 @@ export function toAuthentication(field: AuthenticationResults, envelopeFrom = ''
   const dkim =
     passes.find((r) => {
       const d = dkimDomain(r);
-      return fromDomain !== null && d !== null && aligned(d, fromDomain);
+      return fromDomain !== null && d !== null && domainsAlign(d, fromDomain);
     }) ??
     passes[0] ??
     dkims[0];

@@ -19,12 +19,25 @@ export function inboxIdOf(address: string, mailDomain: string): string | null {
   return INBOX_ID.test(local) ? local : null;
 }
 
-/** The domain of an address (lowercased, trailing dot dropped), or null for the null sender or no domain. */
+/** The domain of an address (plainDomain), or null for the null sender or no domain. */
 export function domainOf(address: string): string | null {
   const at = address.lastIndexOf('@');
   if (at < 0 || at === address.length - 1) return null;
-  const domain = address.slice(at + 1).toLowerCase();
-  return domain.endsWith('.') ? domain.slice(0, -1) : domain;
+  return plainDomain(address.slice(at + 1)) || null;
+}
+
+/**
+ * A domain name as the service's lists hold it (sender_domains, opt-outs): lowercased, trailing dots
+ * dropped, so `Example.COM..` is example.com. Only one dot was dropped until 2026-11-25, and a name
+ * written with two got past the opt-outs.
+ */
+export function plainDomain(name: string): string {
+  return name.toLowerCase().replace(/\.+$/, '');
+}
+
+/** Relaxed alignment as the brief defines it: equal, or one a subdomain of the other (plain domains). */
+export function domainsAlign(a: string, b: string): boolean {
+  return a === b || a.endsWith(`.${b}`) || b.endsWith(`.${a}`);
 }
 
 /** The domain part of an address, compared as inbox addresses are: in any case. */

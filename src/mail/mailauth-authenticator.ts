@@ -17,6 +17,7 @@
  */
 import { Readable } from 'node:stream';
 import type { AuthenticateResult } from 'mailauth';
+import { domainsAlign, plainDomain } from '../core/mail-address.ts';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
 import type { CachingLookup } from './dns.ts';
 import { installFastLinebreaks } from './fast-linebreaks.ts';
@@ -108,22 +109,16 @@ export class MailauthAuthenticator implements Authenticator {
     const several = SEVERAL_AUTHORS.has((result as { dmarcSkipReason?: string }).dmarcSkipReason ?? '')
       ? await this.#eachAuthor(result)
       : undefined;
-    const fromDomain = dmarc?.status.header?.from?.toLowerCase().replace(/\.+$/, '') || null;
-    const couldAlign = (domain: string | undefined) => {
-      const d = domain?.toLowerCase().replace(/\.+$/, '');
-      return (
-        !!d &&
-        !!fromDomain &&
-        (d === fromDomain || d.endsWith(`.${fromDomain}`) || fromDomain.endsWith(`.${d}`))
-      );
-    };
+    const fromDomain = plainDomain(dmarc?.status.header?.from ?? '') || null;
+    const couldAlign = (domain: string | undefined) =>
+      !!domain && !!fromDomain && domainsAlign(plainDomain(domain), fromDomain);
     const lookupFailed =
       (result.spf && result.spf.status.result === 'temperror' && couldAlign(result.spf.domain)) ||
       (result.dkim.results ?? []).some((r) => r.status.result === 'temperror' && couldAlign(r.signingDomain));
     return {
       ...(lookupFailed && { lookupFailed: true }),
-      // Without its trailing dot (`allowed.test.` is allowed.test): the lists it is checked against
-      // (sender_domains, opt-outs) hold names without one (until 2026-11-25 it got past both).
+      // Without trailing dots (`allowed.test.` is allowed.test): the lists it is checked against
+      // (sender_domains, opt-outs) hold plain domains (until 2026-11-25 it got past both).
       fromDomain,
       ...(several && { authorDomains: several.domains }),
       ...(several?.unverifiable && { unverifiableAuthor: true }),

@@ -6,7 +6,15 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { inboxIdOf, inMailDomain, quotedAddress, smtpAddress } from '../../src/core/mail-address.ts';
+import {
+  domainOf,
+  domainsAlign,
+  inboxIdOf,
+  inMailDomain,
+  plainDomain,
+  quotedAddress,
+  smtpAddress,
+} from '../../src/core/mail-address.ts';
 
 // [as the client wrote it, Postfix's internal form (a policy request's sender), as Postfix sent it on]
 const FORMS: [string, string, string][] = [
@@ -63,4 +71,18 @@ test('a quoted or source-routed inbox address names the inbox; only MAIL_DOMAIN 
   }
   assert.equal(inMailDomain('postmaster', 'svc.test'), false);
   assert.equal(inMailDomain('a@other.test', 'svc.test'), false);
+});
+
+test('a domain is compared as the lists hold it: lowercased, every trailing dot dropped', () => {
+  assert.equal(plainDomain('OptOut.Test..'), 'optout.test');
+  // An envelope sender's domain, checked against the opt-outs at RCPT.
+  assert.equal(domainOf('news@OptOut.Test..'), 'optout.test');
+  assert.equal(domainOf('news@optout.test.'), 'optout.test');
+  assert.equal(domainOf('news@'), null);
+  assert.equal(domainOf('news@.'), null);
+  assert.equal(domainOf(''), null);
+  assert.ok(domainsAlign('mail.allowed.test', 'allowed.test'));
+  assert.ok(domainsAlign('allowed.test', 'news.allowed.test'));
+  assert.ok(!domainsAlign('mail.allowed.test', 'news.allowed.test'));
+  assert.ok(!domainsAlign('notallowed.test', 'allowed.test'));
 });

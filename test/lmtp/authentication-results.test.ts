@@ -58,6 +58,11 @@ const CASES: [string, string, Authentication | null][] = [
     auth(NONE, NONE, NONE),
   ],
   ['`; none` means no results', `${ID}; none`, auth(NONE, NONE, NONE)],
+  [
+    'domains as the lists hold them: trailing dots dropped',
+    `${ID}; dmarc=pass header.from=Allowed.Test..; spf=pass smtp.mailfrom=s@allowed.test.`,
+    auth(['pass', 'allowed.test'], NONE, ['pass', 'allowed.test']),
+  ],
   ['an authserv-id alone', `${ID}`, auth(NONE, NONE, NONE)],
   [
     'SPF domain: a bare domain in smtp.mailfrom, else smtp.helo',
