@@ -213,6 +213,8 @@ function deliveryMetrics(report: DeliveryReport) {
       stored: outcome('accept', report.stored),
       duplicate: outcome('accept', report.duplicate),
       no_such_inbox: outcome('accept', report.discarded),
+      inbox_cancelled: outcome('accept', report.cancelled),
+      inbox_expired: outcome('accept', report.expired),
       store_failed: outcome('defer', report.failed),
       too_many_recipients: outcome('defer', report.tooMany),
     },

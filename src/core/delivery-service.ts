@@ -8,7 +8,9 @@
  * - a recipient that is not `<inbox_id>@<mail domain>`, or whose inbox no longer exists, is answered
  *   250 and nothing is stored (logged); a store that fails for any other reason is a 451 4.3.0 for the
  *   recipients of that inbox (logged with the queue id), so Postfix retries;
- * - idempotent per (inbox, queue id): a redelivery of a stored queue id answers 250 and stores nothing.
+ * - idempotent per (inbox, queue id): a redelivery of a stored queue id answers 250 and stores nothing;
+ * - a delivery into an inbox that has ended (cancelled, or expired more than a minute ago) is answered
+ *   250 and kept nowhere (the store removes it), and its reply and log line say so, never `stored`;
  *   Without a queue id (no XFORWARD IDENT) a unique one is made up: that delivery loses idempotency;
  * - streaming: the header block (at most maxHeaderBytes) is read first for the summary and the
  *   authentication verdict, then the bytes go to every recipient inbox at once through a tee that holds
@@ -30,7 +32,7 @@ import { type BodyTee, readHead, Slots, teeBody } from './delivery-streams.ts';
 import { randomBase32 } from './ids.ts';
 import { inboxIdOf } from './mail-address.ts';
 import { MAX_HEADER_BYTES, type MessageSummary, summarizeMessage } from './message-summary.ts';
-import type { DeliverySummary, MessageStore } from './ports.ts';
+import type { DeliverySummary, MessageStore, StoreOutcome } from './ports.ts';
 import { deliveryReplies } from './smtp-replies.ts';
 import type { Refusal } from './verdict.ts';
 
@@ -68,6 +70,9 @@ export interface DeliveryReport {
   duplicate: number;
   /** Not stored and answered 250: no such inbox (any more). */
   discarded: number;
+  /** Not kept and answered 250: the inbox was cancelled, or had expired (MessageStore.store). */
+  cancelled: number;
+  expired: number;
   /** Deferred (451): the store failed. */
   failed: number;
   /** Deferred (452): more inboxes than stores allowed at once. */
@@ -76,9 +81,7 @@ export interface DeliveryReport {
   ms: number;
 }
 
-type Outcome =
-  | { kind: 'stored' | 'duplicate'; messageId: string }
-  | { kind: 'discarded' | 'failed' | 'too_many' };
+type Outcome = StoreOutcome | { kind: 'discarded' | 'failed' | 'too_many' };
 
 /** postfix/main.cf's lmtp_destination_recipient_limit keeps each delivery within it (render test). */
 export const DEFAULT_PARALLEL_STORES = 8;
@@ -216,6 +219,8 @@ export class DeliveryService {
       stored: count('stored'),
       duplicate: count('duplicate'),
       discarded: count('discarded') + inboxOf.filter((id) => id === null).length,
+      cancelled: count('cancelled'),
+      expired: count('expired'),
       failed: count('failed'),
       tooMany: count('too_many'),
       bytes,
@@ -229,6 +234,8 @@ export class DeliveryService {
       stored: report.stored,
       duplicate: report.duplicate,
       discarded: report.discarded,
+      cancelled: report.cancelled,
+      expired: report.expired,
       deferred: report.failed + report.tooMany,
       bytes,
       ms: report.ms,
@@ -287,6 +294,9 @@ export class DeliveryService {
         return { kind: 'accept', dsn: '2.0.0', text: `${outcome.messageId} stored` };
       case 'duplicate':
         return { kind: 'accept', dsn: '2.0.0', text: `${outcome.messageId} already stored` };
+      case 'cancelled':
+      case 'expired':
+        return { kind: 'accept', dsn: '2.0.0', text: `${outcome.messageId} not kept: inbox ${outcome.kind}` };
       case 'discarded':
         return { kind: 'accept', dsn: '2.0.0', text: 'not stored: no such inbox' };
       case 'too_many':

@@ -220,6 +220,12 @@ export interface ListWindow {
  * trust a page or a usage only while the version is unchanged. A job that deletes rows the time rules
  * already hide need not bump it; anything else that changes them must.
  */
+/** What a delivery into one inbox came to (MessageStore.store). */
+export interface StoreOutcome {
+  kind: 'stored' | 'duplicate' | 'cancelled' | 'expired';
+  messageId: string;
+}
+
 export interface MessageStore {
   /**
    * Reserves `sizeBytes` of quota for a delivery in flight if it fits in the free quota, atomically
@@ -243,13 +249,12 @@ export interface MessageStore {
   withdrawReservations(keys: MessageKey[]): Promise<number>;
   /**
    * Streams the body into chunks and makes the message visible at the next event position, all in one
-   * transaction. A queue id already stored for this inbox is a 'duplicate' and stores nothing.
+   * transaction. A queue id already stored for this inbox is a 'duplicate' and stores nothing; so is
+   * a delivery into an inbox cancelled, or expired more than a minute ago ('cancelled', 'expired':
+   * the chunks written are removed in the same transaction).
    * The body iterable is consumed exactly once, chunk by chunk; memory is bounded by the chunk size.
    */
-  store(
-    delivery: Delivery,
-    body: AsyncIterable<Buffer>,
-  ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }>;
+  store(delivery: Delivery, body: AsyncIterable<Buffer>): Promise<StoreOutcome>;
   /** The message, with `storedBytes` (the bytes its chunks hold) filled in. */
   find(inboxId: string, messageId: string): Promise<MessageRecord | undefined>;
   /** Events after a position, oldest first, at most limit + 1 of each kind, from one snapshot. */

@@ -12,6 +12,7 @@ import type {
   MessageStore,
   RejectionInput,
   Reservation,
+  StoreOutcome,
 } from '../core/ports.ts';
 import { parseBinaryCopy } from './copy-binary.ts';
 import { copyChunks } from './copy-chunks.ts';
@@ -19,7 +20,7 @@ import type { Database } from './database.ts';
 import type { InboxBatcher } from './inbox-batcher.ts';
 import { RESERVE_SQL, type ReserveOutcome, singleInboxReservations } from './reserve-batch.ts';
 import { MESSAGE_COLUMNS, type MessageRow, toMessage } from './rows.ts';
-import { type StoreOutcome, type WholeMessage, wholeMessageStores } from './store-batch.ts';
+import { type WholeMessage, wholeMessageStores } from './store-batch.ts';
 
 /** Bytes per stored chunk: bounds memory per delivery and per download (DESIGN decision 7). */
 export const CHUNK_BYTES = 256 * 1024;
@@ -142,10 +143,7 @@ export class PgMessageStore implements MessageStore {
    * streams chunk by chunk inside a transaction. Either way the message becomes visible, with its event
    * position, in the step that stores its last byte (DESIGN decision 8).
    */
-  async store(
-    d: Delivery,
-    body: AsyncIterable<Buffer>,
-  ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
+  async store(d: Delivery, body: AsyncIterable<Buffer>): Promise<StoreOutcome> {
     const pieces = body[Symbol.asyncIterator]();
     const head: Buffer[] = [];
     let filled = 0;
@@ -158,7 +156,7 @@ export class PgMessageStore implements MessageStore {
     return this.#storeStreaming(d, prepended(head, pieces));
   }
 
-  #storeWhole(d: Delivery, data: Buffer): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
+  #storeWhole(d: Delivery, data: Buffer): Promise<StoreOutcome> {
     const [fromName, fromAddress, subject, internetMessageId, authentication] = summaryValues(d);
     return this.#wholeStores.run(d.inboxId, {
       inboxId: d.inboxId,
@@ -176,10 +174,7 @@ export class PgMessageStore implements MessageStore {
     });
   }
 
-  async #storeStreaming(
-    d: Delivery,
-    body: AsyncIterable<Buffer>,
-  ): Promise<{ kind: 'stored' | 'duplicate'; messageId: string }> {
+  async #storeStreaming(d: Delivery, body: AsyncIterable<Buffer>): Promise<StoreOutcome> {
     const db = this.#db;
     return db.transaction(async (client) => {
       const [row] = await db.rows<{ out_message_id: string; out_state: string }>(
@@ -197,13 +192,14 @@ export class PgMessageStore implements MessageStore {
       }
       // NULL for the content digest, no longer computed (store-batch.ts).
       const { size } = await copyChunks(client, d.inboxId, row.out_message_id, body, CHUNK_BYTES);
-      await db.rows(
+      const [finished] = await db.rows<{ kind: StoreOutcome['kind'] }>(
         'delivery-finish',
-        'SELECT finish_delivery($1, $2, $3, $4, NULL, $5, $6, $7, $8, $9, $10)',
+        'SELECT finish_delivery($1, $2, $3, $4, NULL, $5, $6, $7, $8, $9, $10) AS kind',
         [d.inboxId, row.out_message_id, size, CHUNK_BYTES, ...summaryValues(d), d.now],
         client,
       );
-      return { kind: 'stored' as const, messageId: row.out_message_id };
+      if (!finished) throw new Error('finish_delivery returned no row');
+      return { kind: finished.kind, messageId: row.out_message_id };
     });
   }
 

@@ -4,6 +4,7 @@
  * (migrations/20261127000000_inbox_batches.ts), which stores each as store_whole_message does, in the
  * order given, idempotently on (inbox, queue id) within the batch too.
  */
+import type { StoreOutcome } from '../core/ports.ts';
 import type { Database } from './database.ts';
 import { InboxBatcher, inOrder } from './inbox-batcher.ts';
 
@@ -25,13 +26,8 @@ export interface WholeMessage {
   authentication: string | null;
 }
 
-export interface StoreOutcome {
-  kind: 'stored' | 'duplicate';
-  messageId: string;
-}
-
 interface OutcomeRow {
-  out_kind: 'stored' | 'duplicate';
+  out_kind: StoreOutcome['kind'];
   out_message_id: string;
 }
 

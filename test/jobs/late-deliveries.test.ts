@@ -97,8 +97,8 @@ describe('a message reserved before expiry and delivered after it', () => {
         address: sweepFirst.address,
       });
 
-      // The store lands before the expiry sweep: answered as stored (the receiver's 250), nothing kept.
-      assert.equal((await store(h, storeFirst, `QS${kind}`, data)).kind, 'stored');
+      // The store lands before the expiry sweep: the receiver answers 250 saying it expired; nothing kept.
+      assert.equal((await store(h, storeFirst, `QS${kind}`, data)).kind, 'expired');
       assert.deepEqual(await status(h, storeFirst), atExpiry);
       assert.equal((await footprint(h, storeFirst.inbox_id)).chunks, 0);
 

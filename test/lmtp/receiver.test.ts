@@ -166,6 +166,47 @@ test('a recipient that is not a live inbox is answered 250 and nothing is stored
   assert.ok(logs.some((l) => l.msg === 'recipient not stored: no such inbox' && l.queue_id === queueId));
 });
 
+test('a delivery into an inbox that has ended is answered 250 saying so, never "stored", and counted apart', async () => {
+  const expired = await h.provision();
+  h.clock.advance(h.config.unitSeconds + 61); // past the expiry sweep's minute (the store drops it)
+  const cancelled = await h.provision();
+  const live = await h.provision();
+  await h.inboxes.cancel(cancelled.inbox_id, h.clock.now());
+  const queueId = ident();
+  const { replies } = await deliverRaw(
+    { port },
+    {
+      ident: queueId,
+      from: 'a@example.org',
+      to: [address(cancelled), address(expired), address(live)],
+      body: 'Subject: late\r\n\r\nbody\r\n',
+    },
+  );
+  const kept = await rows(
+    'SELECT inbox_id, message_id, state FROM messages WHERE queue_id = $1 ORDER BY inbox_id',
+    [queueId],
+  );
+  const idIn = (inbox: ProvisionedInbox) => kept.find((r) => r.inbox_id === inbox.inbox_id)?.message_id;
+  assert.deepEqual(replies, [
+    `250 2.0.0 ${idIn(cancelled)} not kept: inbox cancelled`,
+    `250 2.0.0 ${idIn(expired)} not kept: inbox expired`,
+    `250 2.0.0 ${idIn(live)} stored`,
+  ]);
+  assert.deepEqual((await poll(live)).length, 1);
+  const states = Object.fromEntries(kept.map((r) => [r.inbox_id, r.state]));
+  assert.deepEqual(states, {
+    [cancelled.inbox_id]: 'deleted',
+    [expired.inbox_id]: 'in_flight', // left for the expiry sweep, with no chunks
+    [live.inbox_id]: 'stored',
+  });
+  const line = logs.find((l) => l.msg === 'delivery' && l.queue_id === queueId);
+  assert.deepEqual(
+    [line?.stored, line?.cancelled, line?.expired, line?.discarded],
+    [1, 1, 1, 0],
+    JSON.stringify(line),
+  );
+});
+
 test('authentication comes only from our Authentication-Results on the first line', async () => {
   const inbox = await h.provision();
   const deliver = (top: string, messageId: string) =>

@@ -2,9 +2,10 @@
  * A delivery that completes after its inbox was cancelled keeps nothing. With its reservation still
  * there, the cancel already made it a tombstone and the store answers `duplicate`. Without one (released
  * by the job after a long queue delay) the store inserts the message itself, and finish_delivery
- * (migration 20261128000000) deletes it in the same step: the store succeeds (the receiver answers
- * 250), the message is a 'cancelled' tombstone with no bytes kept, and the inbox holds nothing for it.
- * Whole and streamed messages alike.
+ * (migration 20261128000000) deletes it in the same step: the store says 'cancelled' (the receiver
+ * answers 250 saying so), the message is a 'cancelled' tombstone with no bytes kept, and the inbox
+ * holds nothing for it. Whole and streamed messages alike, and several whole messages stored together
+ * (one store_whole_messages call).
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -55,7 +56,7 @@ for (const [kind, size] of [
       pieces(randomBytes(size)),
     );
 
-    assert.equal(stored.kind, 'stored');
+    assert.equal(stored.kind, 'cancelled');
     const [row] = await db.rows<{
       state: string;
       deleted_reason: string;
@@ -107,4 +108,42 @@ test("a message reserved before its inbox was cancelled is a duplicate of the ca
     inbox.inbox_id,
   ]);
   assert.equal(chunks.length, 0);
+});
+
+test('whole messages stored together into a cancelled inbox (one batch call) each say cancelled', async () => {
+  const inbox = await h.provision();
+  const messages = new PgMessageStore(db);
+  const now = new Date();
+  assert.ok(await new PgInboxStore(db).cancel(inbox.inbox_id, now));
+  const outcomes = await Promise.all(
+    Array.from({ length: 6 }, (_, i) =>
+      messages.store(
+        {
+          inboxId: inbox.inbox_id,
+          queueId: `QCXBATCH${i}`,
+          envelopeFrom: 's@example.test',
+          now,
+          summary: {
+            fromName: null,
+            fromAddress: null,
+            subject: null,
+            internetMessageId: null,
+            authentication: null,
+          },
+        },
+        pieces(randomBytes(2_000)),
+      ),
+    ),
+  );
+  assert.deepEqual(
+    outcomes.map((o) => o.kind),
+    Array(6).fill('cancelled'),
+  );
+  const [left] = await db.rows<{ undeleted: number; chunks: number }>(
+    'test-cancelled-batch',
+    `SELECT (SELECT count(*)::int FROM messages WHERE inbox_id = $1 AND state <> 'deleted') AS undeleted,
+       (SELECT count(*)::int FROM message_chunks WHERE inbox_id = $1) AS chunks`,
+    [inbox.inbox_id],
+  );
+  assert.deepEqual(left, { undeleted: 0, chunks: 0 });
 });
