@@ -11,7 +11,7 @@
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { type Config, HOST_NAME, type Listen } from '../config/config.ts';
+import { type Config, ConfigError, HOST_NAME, type Listen } from '../config/config.ts';
 
 /** The templates' directory: `<repo>/postfix`. */
 export const TEMPLATE_DIRECTORY = fileURLToPath(new URL('../../postfix/', import.meta.url));
@@ -40,6 +40,7 @@ export type PostfixSettings = Pick<
   | 'milterListen'
   | 'lmtpListen'
   | 'maxMessageBytes'
+  | 'reservationTtlSeconds'
 >;
 
 /** Room above MAX_MESSAGE_BYTES for envelope records and added headers (MAIL-FACTS D.2). */
@@ -162,6 +163,34 @@ export function applyOverrides(mainCf: string, overrides: Record<string, string>
   return `${lines.join('\n')}\n`;
 }
 
+const TIME_UNITS: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86400, w: 604800 };
+
+/**
+ * The seconds of main.cf's maximal_queue_lifetime (postconf(5): a number with an optional unit s, m,
+ * h, d or w, days when none; Postfix's default 5d when the line is absent).
+ */
+export function queueLifetimeSeconds(mainCf: string): number {
+  const value = /^maximal_queue_lifetime\s*=\s*(\S*)\s*$/m.exec(mainCf)?.[1] ?? '5d';
+  const match = /^(\d+)([smhdw]?)$/.exec(value);
+  if (!match) throw new Error(`postfix/main.cf: maximal_queue_lifetime "${value}" is not a time value`);
+  return Number(match[1]) * (TIME_UNITS[match[2] || 'd'] ?? 86400);
+}
+
+/**
+ * A message Postfix delivers after the release job freed its reservation is dropped (answered 250,
+ * README "Configuration"), so a queue may not hold mail longer than a reservation lives.
+ */
+function checkReservationOutlivesQueue(settings: PostfixSettings, mainCf: string): void {
+  const lifetime = queueLifetimeSeconds(mainCf);
+  if (settings.reservationTtlSeconds <= lifetime) {
+    throw new ConfigError(
+      'RESERVATION_TTL_SECONDS',
+      `must be more than Postfix's maximal_queue_lifetime (${lifetime} s): mail Postfix delivers after ` +
+        `its quota reservation was released is dropped (got ${settings.reservationTtlSeconds})`,
+    );
+  }
+}
+
 /** main.cf and master.cf for one instance of the receiving MX. */
 export function renderPostfix(
   settings: PostfixSettings,
@@ -170,6 +199,7 @@ export function renderPostfix(
 ): PostfixFiles {
   const values = placeholderValues(settings, dirs);
   const mainCf = applyOverrides(fillTemplate('postfix/main.cf', readTemplate('main.cf'), values), overrides);
+  checkReservationOutlivesQueue(settings, mainCf);
   const masterCf = fillTemplate('postfix/master.cf', readTemplate('master.cf'), values);
   return { mainCf, masterCf };
 }

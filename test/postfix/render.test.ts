@@ -17,6 +17,7 @@ import {
   fillTemplate,
   lmtpCacheDestinations,
   postfixEndpoint,
+  queueLifetimeSeconds,
   renderPostfix,
 } from '../../src/postfix/render.ts';
 
@@ -98,6 +99,25 @@ describe('renderPostfix', () => {
   test('refuses a relative directory and one Postfix would split', () => {
     assert.throws(() => renderPostfix(config, { ...dirs, queueDirectory: 'queue' }), /absolute path/);
     assert.throws(() => renderPostfix(config, { ...dirs, dataDirectory: '/a b' }), /whitespace/);
+  });
+
+  test('refuses a RESERVATION_TTL_SECONDS that a message could outlive in the queue', async () => {
+    // main.cf's 5d: the default TTL (6 days) outlives it; an override counts too.
+    assert.equal(queueLifetimeSeconds(renderPostfix(config, dirs).mainCf), 432_000);
+    const short = { ...config, reservationTtlSeconds: 432_000 };
+    assert.throws(
+      () => renderPostfix(short, dirs),
+      /^Error: RESERVATION_TTL_SECONDS: must be more than Postfix's maximal_queue_lifetime \(432000 s\)/,
+    );
+    assert.doesNotThrow(() => renderPostfix(short, dirs, { maximal_queue_lifetime: '4d' }));
+    assert.throws(() => renderPostfix(config, dirs, { maximal_queue_lifetime: '1w' }), /\(604800 s\)/);
+    assert.equal(queueLifetimeSeconds('maximal_queue_lifetime = 3600s\n'), 3600);
+    assert.equal(queueLifetimeSeconds('maximal_queue_lifetime = 2\n'), 172_800);
+    assert.equal(queueLifetimeSeconds('# none\n'), 432_000);
+    assert.throws(() => queueLifetimeSeconds('maximal_queue_lifetime = soon\n'), /not a time value/);
+    // What postconf itself reads from the rendered file agrees.
+    const n = await postconfN('ttl', renderPostfix(config, dirs));
+    assert.equal(n.get('maximal_queue_lifetime'), '5d');
   });
 
   test('overrides replace a parameter in place, with its continuation lines, or append it', () => {
