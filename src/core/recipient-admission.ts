@@ -11,8 +11,11 @@
  *
  * One RecipientAdmission serves every connection; `connection()` holds the per-transaction state of
  * one Postfix policy connection (Postfix sends one transaction's requests over one connection, and a
- * new `instance` means the previous transaction is over).
+ * new `instance` means the previous transaction is over). That state is kept by `instance` across
+ * connections too: smtpd may close its policy connection between two RCPTs of one transaction
+ * (smtpd_policy_service_max_ttl, or our disconnect on trouble) and go on over a new one.
  */
+import { BoundedMap } from './bounded-map.ts';
 import { addSeconds, type Clock } from './clock.ts';
 import { closedInbox, freeBytes } from './inbox-gate.ts';
 import type { LifecycleSettings } from './lifecycle.ts';
@@ -51,7 +54,21 @@ interface Member {
   freeBytes: number | null;
 }
 
+/** One transaction's recipients so far, and the verdict each inbox got. */
+interface Transaction {
+  instance: string;
+  members: Member[];
+  decided: Map<string, Verdict>;
+}
+
+/**
+ * Transactions kept by `instance` beyond their connection: one per smtpd process in a transaction
+ * (default_process_limit, 100) plus those whose connection closed after its last one, dropped oldest first.
+ */
+const MAX_OPEN_TRANSACTIONS = 4096;
+
 export class RecipientAdmission {
+  readonly #transactions = new BoundedMap<string, Transaction>(MAX_OPEN_TRANSACTIONS);
   readonly #inboxes: InboxStore;
   readonly #lookup: RecipientLookup;
   readonly #messages: MessageStore;
@@ -85,18 +102,13 @@ export class RecipientAdmission {
    * quota was not roomy), and a refusal was recorded once per repeat.
    */
   connection(): { decide(request: RecipientRequest): Promise<Verdict> } {
-    let instance = '';
-    let members: Member[] = [];
-    let decided = new Map<string, Verdict>();
+    let current: Transaction = { instance: '', members: [], decided: new Map() };
     return {
       decide: async (request) => {
         if (request.protocolState === 'CONNECT') return this.admitClient(request.clientAddress, request);
         if (request.protocolState !== 'RCPT') return ACCEPT;
-        if (request.instance !== instance) {
-          instance = request.instance;
-          members = [];
-          decided = new Map();
-        }
+        if (request.instance !== current.instance) current = this.#transaction(current, request.instance);
+        const { members, decided } = current;
         const inboxId = inboxIdOf(request.recipient, this.#settings.mailDomain);
         const earlier = inboxId === null ? undefined : decided.get(inboxId);
         if (earlier) return earlier;
@@ -107,6 +119,19 @@ export class RecipientAdmission {
         return verdict;
       },
     };
+  }
+
+  /**
+   * The transaction a connection moves on to: the one this `instance` began on an earlier connection,
+   * or a new one. The one it leaves is over (its smtpd went on to another transaction). Without an
+   * `instance` (not Postfix) a transaction stays with its connection.
+   */
+  #transaction(left: Transaction, instance: string): Transaction {
+    if (left.instance) this.#transactions.delete(left.instance);
+    if (!instance) return { instance, members: [], decided: new Map() };
+    const next = this.#transactions.get(instance) ?? { instance, members: [], decided: new Map() };
+    this.#transactions.set(instance, next);
+    return next;
   }
 
   async admitClient(address: string, request: { reverseClientName: string }): Promise<Verdict> {

@@ -1,0 +1,65 @@
+/**
+ * The policy daemon's per-transaction grouping (DESIGN decision 3) follows Postfix's `instance`, not
+ * the connection it arrives on: smtpd may close its policy connection between two RCPTs of one
+ * transaction (smtpd_policy_service_max_ttl, or our disconnect on trouble) and ask the rest over a new
+ * one. Until 2026-11-25 the new connection started an empty transaction, so a recipient with another
+ * verdict joined the first one's transaction and the milter then deferred the whole message.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { TOKENS } from '../../src/container.ts';
+import type { RecipientAdmission, RecipientRequest } from '../../src/core/recipient-admission.ts';
+import type { Verdict } from '../../src/core/verdict.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
+
+let h: Harness;
+let admission: RecipientAdmission;
+before(async () => {
+  h = await startHarness();
+  admission = h.container.resolve<RecipientAdmission>(TOKENS.RecipientAdmission);
+});
+after(() => h.close());
+
+const request = (instance: string, recipient: string): RecipientRequest => ({
+  protocolState: 'RCPT',
+  instance,
+  clientAddress: '127.0.0.3',
+  reverseClientName: 'mail.sender.test',
+  sender: 'news@allowed.test',
+  recipient,
+  size: 0,
+});
+
+const shown = (v: Verdict) => (v.kind === 'accept' ? 'accept' : `${v.code} ${v.dsn}`);
+
+test('a transaction continued over a new policy connection keeps its recipients', async () => {
+  const open = await h.provision();
+  const listed = await h.provision(['allowed.test']);
+  const first = admission.connection();
+  assert.equal(shown(await first.decide(request('6717.1.a.0', open.address))), 'accept');
+  // smtpd recycles its policy connection; the same transaction goes on over another one.
+  const second = admission.connection();
+  assert.equal(shown(await second.decide(request('6717.1.a.0', listed.address))), '452 4.5.3');
+  // Naming the first inbox again gets the verdict it got, recorded nowhere twice.
+  assert.equal(shown(await second.decide(request('6717.1.a.0', open.address))), 'accept');
+});
+
+test('another transaction, on any connection, starts empty', async () => {
+  const open = await h.provision();
+  const listed = await h.provision(['allowed.test']);
+  const first = admission.connection();
+  assert.equal(shown(await first.decide(request('6717.2.a.0', open.address))), 'accept');
+  assert.equal(shown(await admission.connection().decide(request('6717.2.b.0', listed.address))), 'accept');
+  // The first connection's next transaction ends its first one.
+  assert.equal(shown(await first.decide(request('6717.2.c.0', listed.address))), 'accept');
+  assert.equal(shown(await admission.connection().decide(request('6717.2.a.0', listed.address))), 'accept');
+});
+
+test('requests without an instance are grouped per connection only', async () => {
+  const open = await h.provision();
+  const listed = await h.provision(['allowed.test']);
+  const first = admission.connection();
+  assert.equal(shown(await first.decide(request('', open.address))), 'accept');
+  assert.equal(shown(await admission.connection().decide(request('', listed.address))), 'accept');
+  assert.equal(shown(await first.decide(request('', listed.address))), '452 4.5.3');
+});
