@@ -174,7 +174,8 @@ function presentMessage(m: MessageRecord, inboxUrl: string, deleteAfter: Date): 
   return {
     message_id: m.messageId,
     url: `${inboxUrl}/messages/${m.messageId}`,
-    from: { name: m.fromName, address: m.fromAddress ?? (m.envelopeFrom === '' ? null : m.envelopeFrom) },
+    // The envelope sender stands in only for a missing From: (message-summary.ts, at delivery).
+    from: { name: m.fromName, address: m.fromAddress },
     envelope_from: m.envelopeFrom,
     subject: m.subject,
     size_bytes: m.sizeBytes,

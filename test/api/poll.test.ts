@@ -78,12 +78,14 @@ test('poll lists a delivered message with every MessageSummary field taken from 
   assert.equal(download.text, raw);
 });
 
-test('from is the envelope sender when the message has no From address, and absent fields are null', async () => {
+test('from is what delivery read from From: (a name without an address keeps address null), and absent fields are null', async () => {
   const inbox = await h.provision();
-  await h.deliver(inbox.inbox_id, 'Subject-less: yes\r\n\r\nbody\r\n', {
+  // The envelope sender stands in only for a missing From:, when the receiver reads the header; a From:
+  // with a name and no address must not be shown with the envelope sender beside the name.
+  await h.deliver(inbox.inbox_id, 'From: PayPal Security\r\n\r\nbody\r\n', {
     envelopeFrom: 'robot@sender.example',
     summary: {
-      fromName: null,
+      fromName: 'PayPal Security',
       fromAddress: null,
       subject: null,
       internetMessageId: null,
@@ -91,7 +93,7 @@ test('from is the envelope sender when the message has no From address, and abse
     },
   });
   const [message] = (await poll(inbox)).json.messages;
-  assert.deepEqual(message.from, { name: null, address: 'robot@sender.example' });
+  assert.deepEqual(message.from, { name: 'PayPal Security', address: null });
   assert.equal(message.envelope_from, 'robot@sender.example');
   assert.equal(message.subject, null);
   assert.equal(message.internet_message_id, null);

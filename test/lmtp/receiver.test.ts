@@ -250,6 +250,22 @@ test('the null sender and a message without From: list the envelope sender as fr
   assert.deepEqual(bySubject.get('plain')?.from, { name: null, address: 'env@example.org' });
 });
 
+test('a From: without an address is listed without one, never with the envelope sender beside its name', async () => {
+  for (const [header, expected] of [
+    ['From: PayPal Security', { name: 'PayPal Security', address: null }],
+    ['From: undisclosed-recipients:;', { name: null, address: null }],
+  ] as const) {
+    const inbox = await h.provision();
+    await deliverRaw(
+      { port },
+      { ident: ident(), from: 'attacker@evil.test', to: [address(inbox)], body: `${header}\r\n\r\nx\r\n` },
+    );
+    const [message] = await poll(inbox);
+    assert.deepEqual(message?.from, expected, header);
+    assert.equal(message?.envelope_from, 'attacker@evil.test');
+  }
+});
+
 test('the LMTP transcript: greeting, LHLO with XFORWARD, then one literal reply per recipient in order', async () => {
   const inbox = await h.provision();
   const queueId = ident();
