@@ -49,7 +49,7 @@ export interface DeliverySettings {
   mailDomain: string;
   /** The authserv-id of our milter's Authentication-Results field. */
   authservId: string;
-  /** Bytes of header block read before storing (default MAX_HEADER_BYTES, 256 KiB). */
+  /** Bytes of header block read before storing (default MAX_HEADER_BYTES: any the milter accepts). */
   maxHeaderBytes?: number;
   /** Inbox stores running at once in this service (default 8); keep it below the database pool size. */
   maxParallelStores?: number;

@@ -81,6 +81,12 @@ export function receivedAllowance(trace: ReceivedTrace, recipients: string[]): n
  */
 export const MAX_ADDED_BYTES = 64 * 1024;
 
+/**
+ * The milter refuses for good a message whose header block, as the client sent it, is over this
+ * (milter/session.ts), so the receiver reads every accepted header block whole (message-summary.ts).
+ */
+export const MAX_CLIENT_HEADER_BYTES = 1024 * 1024;
+
 type Recorded = { reason: 'quota' | 'sender_not_allowed' | 'sender_opted_out'; senderDomain: string | null };
 type Outcome = { verdict: Refusal; record?: Recorded };
 

@@ -3,8 +3,11 @@
  * summary"): `from`, `subject`, `internet_message_id`. Pure, no I/O.
  *
  * Invariants:
- * - bounded: only the first MAX_HEADER_BYTES (256 KiB) of the header block are looked at; a field cut by
- *   that bound is read as far as it goes. Each returned string is at most MAX_FIELD_CHARS characters;
+ * - bounded: only the first MAX_HEADER_BYTES of the header block are looked at, which is the whole of
+ *   any block the milter accepted (1 MiB from the client, plus Postfix's Received: and our
+ *   Authentication-Results:); a field cut by that bound is read as far as it goes.  Until 2026-11-25
+ *   the bound was 256 KiB, and a From:, Subject: or Message-ID: after it was taken for missing (the
+ *   envelope sender listed as from, while DMARC had read the real From:). Each returned string is at most MAX_FIELD_CHARS characters;
  * - never throws on any input: unreadable bytes decode as Latin-1, an undecodable encoded word stays as
  *   written, and NUL characters (which Postgres text refuses) are dropped;
  * - headers are unfolded (RFC 5322 section 2.2.3); raw bytes are UTF-8 (RFC 6532, SMTPUTF8) or, failing
@@ -14,12 +17,13 @@
  */
 import { createRequire } from 'node:module';
 import addressparser from 'nodemailer/lib/addressparser';
+import { MAX_ADDED_BYTES, MAX_CLIENT_HEADER_BYTES } from './message-admission.ts';
 import type { DeliverySummary } from './ports.ts';
 
 // libmime ships no type declarations; this is the one function used.
 const libmime = createRequire(import.meta.url)('libmime') as { decodeWords(text: string): string };
 
-export const MAX_HEADER_BYTES = 256 * 1024;
+export const MAX_HEADER_BYTES = MAX_CLIENT_HEADER_BYTES + MAX_ADDED_BYTES;
 /** Longer strings are cut: the summary is shown in every poll, the full text is in the download. */
 export const MAX_FIELD_CHARS = 4096;
 

@@ -23,6 +23,7 @@
  */
 import { DeadlineExceeded, withDeadline } from '../core/deadline.ts';
 import { smtpAddress } from '../core/mail-address.ts';
+import { MAX_CLIENT_HEADER_BYTES } from '../core/message-admission.ts';
 import type { Refusal } from '../core/verdict.ts';
 import type { Log } from '../log.ts';
 import {
@@ -46,7 +47,7 @@ import { endOfMessageReply } from './reply.ts';
  * field count also bounds what mailauth searches for each signature's h= names
  * (mail/signature-limits.ts).
  */
-export const MAX_HEADER_BYTES = 1024 * 1024;
+export const MAX_HEADER_BYTES = MAX_CLIENT_HEADER_BYTES;
 export const MAX_HEADER_FIELDS = 10_000;
 export const HEADERS_TOO_LARGE: Refusal = Object.freeze({
   kind: 'reject',

@@ -266,6 +266,20 @@ test('a From: without an address is listed without one, never with the envelope 
   }
 });
 
+test('From:, Subject: and Message-ID: after a large header block (any size the milter accepts) are read', async () => {
+  const inbox = await h.provision();
+  // Just under the milter's 1 MiB, in fields under its per-field bound; until 2026-11-25 the receiver
+  // read only 256 KiB and listed the envelope sender, no subject and no Message-ID.
+  const padding = `X-Pad: ${'p'.repeat(45_000)}\r\n`.repeat(23);
+  const body = `${padding}From: Ada <ada@example.org>\r\nSubject: late fields\r\nMessage-ID: <late@example.org>\r\n\r\nx\r\n`;
+  await deliverRaw({ port }, { ident: ident(), from: 'bounces@example.net', to: [address(inbox)], body });
+  const [message] = await poll(inbox);
+  assert.deepEqual(
+    [message?.from, message?.subject, message?.internet_message_id],
+    [{ name: 'Ada', address: 'ada@example.org' }, 'late fields', '<late@example.org>'],
+  );
+});
+
 test('the LMTP transcript: greeting, LHLO with XFORWARD, then one literal reply per recipient in order', async () => {
   const inbox = await h.provision();
   const queueId = ident();
