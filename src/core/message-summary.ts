@@ -8,10 +8,14 @@
  *   Authentication-Results:); a field cut by that bound is read as far as it goes.  Until 2026-11-25
  *   the bound was 256 KiB, and a From:, Subject: or Message-ID: after it was taken for missing (the
  *   envelope sender listed as from, while DMARC had read the real From:). Each returned string is at most MAX_FIELD_CHARS characters;
- * - never throws on any input: unreadable bytes decode as Latin-1, an undecodable encoded word stays as
- *   written, and NUL characters (which Postgres text refuses) are dropped;
+ * - never throws on any input: bytes that are not UTF-8 decode as windows-1252, an encoded word is
+ *   decoded as leniently as libmime does (characters outside base64 are skipped; an unknown charset
+ *   passes its bytes through), NUL characters (which Postgres text refuses) are dropped, and other
+ *   control characters, a decoded CR LF included, become spaces (no line break reaches an agent's log);
  * - headers are unfolded (RFC 5322 section 2.2.3); raw bytes are UTF-8 (RFC 6532, SMTPUTF8) or, failing
- *   that, Latin-1; RFC 2047 encoded words are decoded in `From:` display names and in `Subject:`.
+ *   that, windows-1252 (as WHATWG reads "latin1": mail that is not UTF-8 is mostly that); RFC 2047
+ *   encoded words are decoded in `From:` display names and in `Subject:`. An obsolete source route
+ *   (`<@relay:ada@example.org>`, RFC 5322 obs-route) is not part of the address.
  * - `from` is the first mailbox of the first `From:` field, `{name, address}`, both nullable; with no
  *   `From:` field (or an empty one) it is the envelope sender (null for the null sender `<>`).
  */
@@ -37,13 +41,14 @@ export interface HeaderField {
 }
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
+const windows1252 = new TextDecoder('windows-1252');
 
-/** Text of raw header bytes: UTF-8 when valid, else Latin-1 (every byte is then a character). */
+/** Text of raw header bytes: UTF-8 when valid, else windows-1252 (every byte is then a character). */
 function decodeBytes(bytes: Buffer): string {
   try {
     return utf8.decode(bytes);
   } catch {
-    return bytes.toString('latin1');
+    return windows1252.decode(bytes);
   }
 }
 
@@ -100,9 +105,13 @@ export function headerFields(head: Buffer, maxBytes = MAX_HEADER_BYTES): HeaderF
   return fields;
 }
 
-/** Removes NULs and cuts to MAX_FIELD_CHARS (not inside a surrogate pair); '' stays ''. */
+// C0 controls but NUL (dropped) and tab, and DEL: control characters are what it matches.
+// biome-ignore lint/suspicious/noControlCharactersInRegex: on purpose
+const CONTROL = /[\x01-\x08\x0a-\x1f\x7f]/g;
+
+/** Removes NULs, turns other controls into spaces, cuts to MAX_FIELD_CHARS (not inside a surrogate pair). */
 function clean(text: string): string {
-  const noNul = text.includes('\0') ? text.replaceAll('\0', '') : text;
+  const noNul = (text.includes('\0') ? text.replaceAll('\0', '') : text).replace(CONTROL, ' ');
   if (noNul.length <= MAX_FIELD_CHARS) return noNul;
   const cut = noNul.charCodeAt(MAX_FIELD_CHARS - 1);
   return noNul.slice(0, cut >= 0xd800 && cut <= 0xdbff ? MAX_FIELD_CHARS - 1 : MAX_FIELD_CHARS);
@@ -119,6 +128,9 @@ function decodeWords(text: string): string {
 
 const orNull = (text: string | undefined): string | null => (text ? clean(text) : null);
 
+/** `@relay.test,@other.test:` before the address proper (RFC 5322 section 4.4, obs-route). */
+const OBSOLETE_ROUTE = /^(?:@[^:,@\s]*[,\s]*)+:/;
+
 /** `{name, address}` of the first mailbox in a `From:` value; groups are looked into. */
 function parseFrom(value: string): { fromName: string | null; fromAddress: string | null } {
   let mailboxes: { name: string; address?: string }[];
@@ -130,7 +142,7 @@ function parseFrom(value: string): { fromName: string | null; fromAddress: strin
   const first = mailboxes.find((m) => m.address) ?? mailboxes[0];
   return {
     fromName: orNull(decodeWords(first?.name ?? '').trim()),
-    fromAddress: orNull(first?.address?.trim()),
+    fromAddress: orNull(first?.address?.trim().replace(OBSOLETE_ROUTE, '')),
   };
 }
 

@@ -91,10 +91,34 @@ const CASES: [string, string | Buffer, string, MessageSummary][] = [
     summary('Ada', 'ada@example.org', 'lf folded'),
   ],
   [
-    'Latin-1 bytes that are not UTF-8',
+    'Latin-1 letters that are not UTF-8',
     Buffer.concat([Buffer.from('Subject: caf'), Buffer.from([0xe9]), Buffer.from('\r\n\r\n')]),
     '',
     summary(null, null, 'café'),
+  ],
+  [
+    'bytes that are not UTF-8 read as windows-1252 (quotes and the euro sign, not C1 controls)',
+    Buffer.concat([
+      Buffer.from('Subject: '),
+      Buffer.from([0x93]),
+      Buffer.from('Reset'),
+      Buffer.from([0x94, 0x20, 0x80]),
+      Buffer.from('5\r\n\r\n'),
+    ]),
+    '',
+    summary(null, null, '\u201cReset\u201d \u20ac5'),
+  ],
+  [
+    'a decoded line break or other control character becomes a space',
+    'Subject: =?UTF-8?Q?a=0D=0AX-Injected:_1?= b\x01c\x1bd\r\n\r\n',
+    '',
+    summary(null, null, 'a  X-Injected: 1 b c d'),
+  ],
+  [
+    'an obsolete source route is not part of the address',
+    'From: Ada <@relay.test,@other.test:ada@example.org>\r\n\r\n',
+    '',
+    summary('Ada', 'ada@example.org'),
   ],
   [
     'NUL characters are dropped',
