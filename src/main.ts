@@ -19,7 +19,7 @@
  * then the pool and the metrics server close and the process exits 0. Should that take more than the
  * grace plus 10 s, or a second signal come, the process exits 1 at once.
  */
-import { ConfigError, loadConfig } from './config/config.ts';
+import { type Config, ConfigError, type Listen, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
 import { buildContainer, TOKENS } from './container.ts';
 import { applyHeapFlags } from './heap-flags.ts';
@@ -27,10 +27,15 @@ import { createLog } from './log.ts';
 import type { Health } from './ops/health.ts';
 import type { Metrics } from './ops/metrics.ts';
 import { DEFAULT_METRICS_PORTS, startOpsServer } from './ops/ops-server.ts';
+import { lockRunDir, RunDirBusy } from './ops/run-lock.ts';
 import type { Database } from './storage/database.ts';
 
 const ENTRIES = ['api', 'policy', 'milter', 'lmtp', 'jobs', 'migrate', 'all'] as const;
 type Entry = (typeof ENTRIES)[number];
+
+/** A TCP listen with the port actually bound (port 0 picks one); a socket path as it was. */
+const boundListen = (listen: Listen, port: number | undefined): Listen =>
+  'port' in listen && port !== undefined ? { ...listen, port } : listen;
 
 interface Running {
   name: string;
@@ -49,6 +54,8 @@ async function main(argv: string[]): Promise<void> {
   const config = await ensureSecretKey(loaded);
   const logOf = (daemon: string) => createLog(daemon, undefined, config.logLevel);
   const log = logOf(entry);
+  // Before anything binds or migrates: a second `make run` of this checkout stops here, naming the first.
+  const lock = entry === 'all' ? await lockRunDir(config.runDir) : undefined;
   if (entry === 'migrate' || entry === 'all') {
     const { migrate } = await import('./storage/migrate.ts');
     const applied = await migrate(config.databaseUrl);
@@ -64,10 +71,8 @@ async function main(argv: string[]): Promise<void> {
   const graceMs = config.shutdownGraceSeconds * 1000;
   const running: Running[] = [];
   let ops: Running | undefined;
-  const stop = async (signal: string) => {
+  const shutdown = async () => {
     health.stop();
-    const began = performance.now();
-    log({ msg: 'stopping', signal, grace_seconds: config.shutdownGraceSeconds });
     const timer = setTimeout(() => {
       log({ level: 'error', msg: 'stopping took too long; exiting now' });
       process.exit(1);
@@ -88,6 +93,12 @@ async function main(argv: string[]): Promise<void> {
     }
     await container.resolve<Database>(TOKENS.Database).close();
     await ops?.close();
+    await lock?.release();
+  };
+  const stop = async (signal: string) => {
+    const began = performance.now();
+    log({ msg: 'stopping', signal, grace_seconds: config.shutdownGraceSeconds });
+    await shutdown();
     log({ msg: 'stopped', ms: Math.round(performance.now() - began) });
     process.exit(0);
   };
@@ -104,73 +115,89 @@ async function main(argv: string[]): Promise<void> {
   process.on('SIGTERM', onSignal);
   process.on('SIGINT', onSignal);
 
-  if (entry === 'policy' || all) {
-    const { startPolicy } = await import('./daemons/policy.ts');
-    const server = await startPolicy(container, logOf('policy'));
-    running.push({ name: 'policy', close: () => server.close() });
-    log({ msg: 'listening', policy: server.address });
-  }
-  if (entry === 'milter' || all) {
-    const { startMilter } = await import('./daemons/milter.ts');
-    const server = await startMilter(container, logOf('milter'));
-    running.push({ name: 'milter', close: () => server.close() });
-    log({ msg: 'listening', milter: server.address });
-  }
-  if (entry === 'lmtp' || all) {
-    const { startLmtp } = await import('./daemons/lmtp.ts');
-    const server = await startLmtp(container, logOf('lmtp'));
-    running.push({ name: 'lmtp', close: () => server.close() });
-    log({ msg: 'listening', lmtp: server.address });
-  }
-  if (entry === 'jobs' || all) {
-    const { startJobs } = await import('./daemons/jobs.ts');
-    const schedule = startJobs(container, logOf('jobs'));
-    running.push({ name: 'jobs', close: () => schedule.close() });
-    log({ msg: 'scheduled', jobs: `every ${config.sweepIntervalSeconds} s` });
-  }
-  if (all) {
-    const { PostfixInstance } = await import('./postfix/instance.ts');
-    const { followMaillog } = await import('./postfix/follow-maillog.ts');
-    const postfix = PostfixInstance.forService(config);
-    await postfix.stop(); // a master left running by a previous run that was killed
-    await postfix.prepare();
-    const following = followMaillog(postfix.dirs.maillogFile, logOf('postfix'));
-    await postfix.start();
-    running.push({
-      name: 'postfix',
-      close: async () => {
-        await postfix.stop();
-        following.stop();
-      },
-    });
-    log({
-      msg: 'listening',
-      smtp: `${postfix.smtp.host}:${postfix.smtp.port}`,
-      mail_domain: config.mailDomain,
-    });
-  }
-  // The API last: with `all` (make run), once it answers, Postfix already takes mail for its inboxes.
-  if (entry === 'api' || all) {
-    const { startApi } = await import('./daemons/api.ts');
-    const api = await startApi(container, graceMs);
-    running.push({ name: 'api', close: () => api.close() });
-    log({ msg: 'listening', api: api.url, public_base_url: config.publicBaseUrl });
-  }
-  const metricsPort = config.metricsPort ?? DEFAULT_METRICS_PORTS[entry] ?? 9464;
-  if (metricsPort !== 'off' && !health.stopping) {
-    const server = await startOpsServer({
-      host: config.metricsHost,
-      port: metricsPort,
-      metrics: container.resolve<Metrics>(TOKENS.Metrics),
-      health,
-      log,
-    });
-    ops = { name: 'metrics', close: () => server.close() };
-    log({
-      msg: 'listening',
-      metrics: `${server.url}/metrics`,
-      probes: [`${server.url}/livez`, `${server.url}/readyz`],
-    });
+  const bound: Partial<Pick<Config, 'policyListen' | 'milterListen' | 'lmtpListen'>> = {};
+  try {
+    if (entry === 'policy' || all) {
+      const { startPolicy } = await import('./daemons/policy.ts');
+      const server = await startPolicy(container, logOf('policy'));
+      running.push({ name: 'policy', close: () => server.close() });
+      bound.policyListen = boundListen(config.policyListen, server.port);
+      log({ msg: 'listening', policy: server.address });
+    }
+    if (entry === 'milter' || all) {
+      const { startMilter } = await import('./daemons/milter.ts');
+      const server = await startMilter(container, logOf('milter'));
+      running.push({ name: 'milter', close: () => server.close() });
+      bound.milterListen = boundListen(config.milterListen, server.port);
+      log({ msg: 'listening', milter: server.address });
+    }
+    if (entry === 'lmtp' || all) {
+      const { startLmtp } = await import('./daemons/lmtp.ts');
+      const server = await startLmtp(container, logOf('lmtp'));
+      running.push({ name: 'lmtp', close: () => server.close() });
+      bound.lmtpListen = boundListen(config.lmtpListen, server.port);
+      log({ msg: 'listening', lmtp: server.address });
+    }
+    if (entry === 'jobs' || all) {
+      const { startJobs } = await import('./daemons/jobs.ts');
+      const schedule = startJobs(container, logOf('jobs'));
+      running.push({ name: 'jobs', close: () => schedule.close() });
+      log({ msg: 'scheduled', jobs: `every ${config.sweepIntervalSeconds} s` });
+    }
+    if (all) {
+      const { PostfixInstance } = await import('./postfix/instance.ts');
+      const { followMaillog } = await import('./postfix/follow-maillog.ts');
+      // Postfix is told the ports the daemons bound (port 0 picks one).
+      const postfix = PostfixInstance.forService({ ...config, ...bound });
+      await postfix.stop(); // a master left running by a previous run that was killed
+      await postfix.prepare();
+      const following = followMaillog(postfix.dirs.maillogFile, logOf('postfix'));
+      // Registered before it starts: a start that fails part way stops what it started.
+      running.push({
+        name: 'postfix',
+        close: async () => {
+          await postfix.stop();
+          following.stop();
+        },
+      });
+      await postfix.start();
+      log({
+        msg: 'listening',
+        smtp: `${postfix.smtp.host}:${postfix.smtp.port}`,
+        mail_domain: config.mailDomain,
+      });
+    }
+    // The API last: with `all` (make run), once it answers, Postfix already takes mail for its inboxes.
+    if (entry === 'api' || all) {
+      const { startApi } = await import('./daemons/api.ts');
+      const api = await startApi(container, graceMs);
+      running.push({ name: 'api', close: () => api.close() });
+      log({ msg: 'listening', api: api.url, public_base_url: config.publicBaseUrl });
+    }
+    const metricsPort = config.metricsPort ?? DEFAULT_METRICS_PORTS[entry] ?? 9464;
+    if (metricsPort !== 'off' && !health.stopping) {
+      const server = await startOpsServer({
+        host: config.metricsHost,
+        port: metricsPort,
+        metrics: container.resolve<Metrics>(TOKENS.Metrics),
+        health,
+        log,
+      });
+      ops = { name: 'metrics', close: () => server.close() };
+      log({
+        msg: 'listening',
+        metrics: `${server.url}/metrics`,
+        probes: [`${server.url}/livez`, `${server.url}/readyz`],
+      });
+    }
+  } catch (error) {
+    // Nothing half started stays behind (a Postfix master tempfailing every sender, a bound port).
+    log({ level: 'error', msg: 'start failed; stopping what started', error: String(error) });
+    if (!stopping) {
+      stopping = true;
+      await shutdown();
+    }
+    throw error;
   }
 }
 
@@ -178,6 +205,10 @@ main(process.argv.slice(2)).catch((error: unknown) => {
   if (error instanceof ConfigError) {
     process.stderr.write(`configuration error: ${error.message}\n`);
     process.exit(78);
+  }
+  if (error instanceof RunDirBusy) {
+    process.stderr.write(`${error.message}\n`);
+    process.exit(75);
   }
   process.stderr.write(`fatal: ${error instanceof Error ? error.stack : String(error)}\n`);
   process.exit(1);

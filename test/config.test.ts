@@ -74,18 +74,29 @@ test('the mail-side listeners take a port, host:port or a socket path', () => {
     POLICY_PORT: '9998',
     MILTER_PORT: '0.0.0.0:8891',
     LMTP_PORT: '/run/inbox/lmtp.sock',
-    DNS_SERVERS: '127.0.0.88, ::1',
+    DNS_SERVERS: '127.0.0.88, ::1, 127.0.0.89:5353, [::1]:53',
     REQUIRE_PTR: 'false',
   });
   assert.deepEqual(config.policyListen, { host: '127.0.0.1', port: 9998 });
   assert.deepEqual(config.milterListen, { host: '0.0.0.0', port: 8891 });
   assert.deepEqual(config.lmtpListen, { path: '/run/inbox/lmtp.sock' });
-  assert.deepEqual(config.dnsServers, ['127.0.0.88', '::1']);
+  assert.deepEqual(config.dnsServers, ['127.0.0.88', '::1', '127.0.0.89:5353', '[::1]:53']);
   assert.equal(config.requirePtr, false);
   for (const [variable, value] of [
     ['LMTP_PORT', 'relative/path.sock'],
     ['POLICY_PORT', '70000'],
     ['DNS_SERVERS', 'dns.example'],
+    // Found by the configuration review: these passed, and the daemons died on them (exit 1) or
+    // fell back to the system's resolvers.
+    ['DNS_SERVERS', 'dead'],
+    ['DNS_SERVERS', '999.1.1.1'],
+    ['DNS_SERVERS', '127.0.0.1:0'],
+    ['DNS_SERVERS', ','],
+    // Written into main.cf's `{ unix:PATH, ... }`: Postfix failed on it with no word of POLICY_PORT.
+    ['POLICY_PORT', '/tmp/a dir/policy.sock'],
+    ['MILTER_PORT', '/tmp/a,b.sock'],
+    ['LMTP_PORT', '/tmp/{x}.sock'],
+    ['LMTP_PORT', `/tmp/${'s'.repeat(120)}.sock`],
     ['REQUIRE_PTR', 'maybe'],
   ] as const) {
     assert.throws(
@@ -226,6 +237,11 @@ const BAD_VALUES: [string, string][] = [
   ['LOG_LEVEL', 'INFO'],
   ['HEAP_FLAGS', 'no'],
   ['AUTHSERV_ID', 'mx_1.example.com'],
+  ['SMTP_HOST', 'not a host'],
+  ['SMTP_HOST', 'mx_1.example.com'],
+  // Over the contract's 25 MiB (and Postfix refused all mail when its queue could not hold 1.5 of it).
+  ['MAX_MESSAGE_BYTES', '26214401'],
+  ['MAX_MESSAGE_BYTES', '60000000000'],
   ['AUTHSERV_ID', 'mx example.com'],
   ['DATABASE_URL', 'postgres://inbox:ab/cd#x@postgres:5432/inbox'],
   ['DATABASE_URL', 'inbox'],

@@ -4,6 +4,7 @@
  * Every variable the README's configuration table lists is read here and nowhere else. A bad value
  * stops the process with a message naming the variable (DESIGN "Where configuration lives").
  */
+import { isIP, isIPv4, isIPv6 } from 'node:net';
 import Type from 'typebox';
 import { Compile } from 'typebox/compile';
 import { LOG_LEVELS, type LogLevel } from '../log.ts';
@@ -151,6 +152,13 @@ function integer(env: Env, name: string, fallback: number, allowZero = false): n
   return value;
 }
 
+/** A positive integer no larger than its default. */
+function atMost(env: Env, name: string, max: number): number {
+  const value = integer(env, name, max);
+  if (value > max) throw new ConfigError(name, `must be at most ${max} (got "${value}")`);
+  return value;
+}
+
 function rate(env: Env, name: string, fallback: number): number {
   const raw = text(env, name, String(fallback));
   const value = Number(raw);
@@ -180,10 +188,31 @@ function port(env: Env, name: string, fallback: number): number {
   return value;
 }
 
-/** `PORT`, `HOST:PORT` or an absolute unix socket path; a bare port listens on 127.0.0.1. */
+/** sun_path holds 108 bytes with its terminating NUL (unix(7)). */
+const MAX_SOCKET_PATH_BYTES = 107;
+
+/**
+ * `PORT`, `HOST:PORT` or an absolute unix socket path; a bare port listens on 127.0.0.1. A path is
+ * written into Postfix's main.cf (`unix:PATH` inside `{ ... }` lists), so it may not hold what would
+ * split it there.
+ */
 function listen(env: Env, name: string, fallback: number): Listen {
   const raw = text(env, name, String(fallback));
-  if (raw.startsWith('/')) return { path: raw };
+  if (raw.startsWith('/')) {
+    if (/[\s,{}=]/.test(raw)) {
+      throw new ConfigError(
+        name,
+        `a socket path may not contain whitespace, ",", "{", "}" or "=" (got "${raw}")`,
+      );
+    }
+    if (Buffer.byteLength(raw) > MAX_SOCKET_PATH_BYTES) {
+      throw new ConfigError(
+        name,
+        `a socket path may be at most ${MAX_SOCKET_PATH_BYTES} bytes (got "${raw}")`,
+      );
+    }
+    return { path: raw };
+  }
   const match = /^(?:(\[[0-9a-f:.]+\]|[^:]+):)?(\d{1,5})$/i.exec(raw);
   const portNumber = Number(match?.[2]);
   if (!match || portNumber > 65535) {
@@ -210,18 +239,39 @@ function bool(env: Env, name: string, fallback: boolean): boolean {
   throw new ConfigError(name, `must be true or false (got "${raw}")`);
 }
 
+/** An address dns.setServers takes: an IP, `IPv4:port`, or `[IPv6]` with an optional `:port`. */
+function resolverAddress(server: string): boolean {
+  if (isIP(server) !== 0) return true;
+  const match = /^(?:\[([^\]]+)\]|([\d.]+))(?::(\d{1,5}))?$/.exec(server);
+  if (!match || Number(match[3] ?? 53) > 65535 || Number(match[3] ?? 53) === 0) return false;
+  return match[1] !== undefined ? isIPv6(match[1]) : isIPv4(match[2] ?? '');
+}
+
 function dnsServers(raw: string): string[] {
   const servers = raw
     .split(',')
     .map((s) => s.trim())
     .filter(Boolean);
-  for (const server of servers) {
-    if (!/^[0-9a-f:.[\]]+$/i.test(server)) {
-      throw new ConfigError('DNS_SERVERS', `must be comma-separated IP addresses (got "${raw}")`);
-    }
+  if (servers.length === 0 || !servers.every(resolverAddress)) {
+    throw new ConfigError(
+      'DNS_SERVERS',
+      `must be comma-separated IP addresses, each with an optional port (1.2.3.4:53, [::1]:53) (got "${raw}")`,
+    );
   }
   return servers;
 }
+
+/** Where Postfix listens for SMTP: `*` (every address), an IP address or a host name. */
+function smtpHost(env: Env, name: string, fallback: string): string {
+  const value = text(env, name, fallback);
+  if (value !== '*' && isIP(value) === 0 && !HOST_NAME.test(value)) {
+    throw new ConfigError(name, `must be an IP address, a host name or * (got "${value}")`);
+  }
+  return value;
+}
+
+/** The contract's limit (section 8: a single inbound message is at most 25 MiB); lower is allowed. */
+export const CONTRACT_MAX_MESSAGE_BYTES = 26214400;
 
 /** Seconds that divide a minute, whole minutes that divide an hour, or whole hours that divide a day. */
 function sweepInterval(env: Env, name: string, fallback: number): number {
@@ -282,7 +332,7 @@ export function loadConfig(env: Env = process.env): Config {
     pollRatePerSecond: rate(env, 'POLL_RATE_PER_SECOND', 0.5),
     downloadRateBurst: integer(env, 'DOWNLOAD_RATE_BURST', 100),
     downloadRatePerSecond: rate(env, 'DOWNLOAD_RATE_PER_SECOND', 2),
-    smtpHost: text(env, 'SMTP_HOST', '127.0.0.1'),
+    smtpHost: smtpHost(env, 'SMTP_HOST', '127.0.0.1'),
     smtpPort: port(env, 'SMTP_PORT', 2525),
     policyListen: listen(env, 'POLICY_PORT', 10040),
     milterListen: listen(env, 'MILTER_PORT', 10041),
@@ -290,7 +340,7 @@ export function loadConfig(env: Env = process.env): Config {
     authservId: hostName(env, 'AUTHSERV_ID', `mx.${mailDomain}`).toLowerCase(),
     dnsServers: text(env, 'DNS_SERVERS', '-') === '-' ? [] : dnsServers(env.DNS_SERVERS as string),
     requirePtr: bool(env, 'REQUIRE_PTR', true),
-    maxMessageBytes: integer(env, 'MAX_MESSAGE_BYTES', 26214400),
+    maxMessageBytes: atMost(env, 'MAX_MESSAGE_BYTES', CONTRACT_MAX_MESSAGE_BYTES),
     sweepIntervalSeconds: sweepInterval(env, 'SWEEP_INTERVAL_SECONDS', 60),
     // Postfix's maximal_queue_lifetime (5 days, postfix/main.cf) plus a day of slack.
     reservationTtlSeconds: integer(env, 'RESERVATION_TTL_SECONDS', 518400),

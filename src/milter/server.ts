@@ -46,6 +46,8 @@ export interface MilterServer {
   server: net.Server;
   /** In Postfix's smtpd_milters syntax: `inet:127.0.0.1:PORT` or `unix:/path`. */
   address: string;
+  /** The bound TCP port; absent for a unix socket. */
+  port?: number;
   /** Stops accepting; idle sessions end at once, the others after their transaction or the grace. */
   close(): Promise<void>;
 }
@@ -69,7 +71,7 @@ export async function startMilterServer(options: MilterServerOptions): Promise<M
     socket.once('close', () => connections.delete(connection));
   });
 
-  const { address } = await listenOn(server, options.listen, () => server.address());
+  const { address, port } = await listenOn(server, options.listen, () => server.address());
   server.on('error', (error) => log({ level: 'error', msg: 'milter server error', error: error.message }));
 
   let closing: Promise<void> | undefined;
@@ -86,5 +88,5 @@ export async function startMilterServer(options: MilterServerOptions): Promise<M
     });
     return closing;
   };
-  return { server, address, close };
+  return { server, address, port, close };
 }

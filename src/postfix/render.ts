@@ -90,8 +90,28 @@ function directory(name: string, path: string): string {
   return path;
 }
 
+/**
+ * Port 0 (any free port) is no port Postfix can listen on or connect to: `all` passes the ports its
+ * daemons bound (src/main.ts); anywhere else it is a configuration error.
+ */
+function checkPorts(settings: PostfixSettings): void {
+  if (settings.smtpPort === 0) {
+    throw new ConfigError('SMTP_PORT', 'must be a port Postfix can listen on (1-65535), not 0');
+  }
+  for (const [variable, listen] of [
+    ['POLICY_PORT', settings.policyListen],
+    ['MILTER_PORT', settings.milterListen],
+    ['LMTP_PORT', settings.lmtpListen],
+  ] as const) {
+    if ('port' in listen && listen.port === 0) {
+      throw new ConfigError(variable, "must name a port (1-65535) for Postfix's configuration, not 0");
+    }
+  }
+}
+
 /** Every placeholder value, by name (without braces). */
 export function placeholderValues(settings: PostfixSettings, dirs: PostfixDirs): Record<string, string> {
+  checkPorts(settings);
   if (!HOST_NAME.test(settings.authservId)) {
     throw new Error(
       `AUTHSERV_ID must be a host name to serve as Postfix's myhostname (got "${settings.authservId}")`,

@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
@@ -58,4 +59,68 @@ test('all: SMTP greets before the API listens; SIGTERM stops Postfix first and e
   assert.deepEqual(stopped, ['postfix', 'api', 'jobs', 'lmtp', 'milter', 'policy']);
   assert.equal(await refusedSoon(Number(smtp)), true, 'Postfix no longer listens');
   assert.equal(await refusedSoon(Number(new URL(all.apiUrl).port)), true, 'the API no longer listens');
+});
+
+/** RCPT's reply for an address no inbox has: the policy daemon's 555 once Postfix reaches it. */
+async function rcptToNoInbox(port: number): Promise<string> {
+  const { client } = await SmtpClient.open(port);
+  try {
+    await client.command('EHLO client.test');
+    await client.command('MAIL FROM:<a@example.org>');
+    return (await client.command(`RCPT TO:<0123456789abcdefghjk@ops.test>`)).text;
+  } finally {
+    client.close();
+  }
+}
+
+test('all: daemons on port 0 are named to Postfix by the ports they bound; a second all on the same RUN_DIR is refused, the first serves on', {
+  timeout: 90_000,
+}, async () => {
+  const dir = join(runDir, 'shared');
+  const [smtp, otherSmtp] = (await freePorts(2)).map(String) as [string, string];
+  // daemonEnv's POLICY_PORT, MILTER_PORT and LMTP_PORT are 0. Until 2026-11-25 Postfix was told port 0
+  // and answered every RCPT 451 4.3.5.
+  const first = await startDaemon('all', daemonEnv(database.url, { RUN_DIR: dir, SMTP_PORT: smtp }));
+  try {
+    assert.match(await rcptToNoInbox(Number(smtp)), /^555 5\.7\.1 .*no such inbox/);
+    // Another make run of this checkout, on other ports: until 2026-11-25 it stopped the first one's
+    // Postfix (the first still answered /readyz), and each one's Ctrl-C stopped the other's.
+    const second = await startDaemon(
+      'all',
+      daemonEnv(database.url, { RUN_DIR: dir, SMTP_PORT: otherSmtp }),
+    ).catch((error: Error) => error);
+    assert.ok(second instanceof Error, 'the second all must not start');
+    assert.match(second.message, new RegExp(`in use by another "all" process \\(pid ${first.child.pid}`));
+    assert.match(await greeting(Number(smtp)), /^220 /);
+    assert.equal(await refusedSoon(Number(otherSmtp)), true);
+  } finally {
+    assert.equal((await first.terminate()).code, 0);
+  }
+  // Its lock went with it: the next run starts.
+  const again = await startDaemon('all', daemonEnv(database.url, { RUN_DIR: dir, SMTP_PORT: smtp }));
+  assert.equal((await again.terminate()).code, 0);
+});
+
+test('all: a start that fails after Postfix started stops Postfix and the daemons, then exits 1', {
+  timeout: 60_000,
+}, async () => {
+  const [smtp] = (await freePorts(1)).map(String) as [string];
+  const taken = createServer();
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+  const apiPort = String((taken.address() as AddressInfo).port);
+  try {
+    const env = daemonEnv(database.url, {
+      RUN_DIR: join(runDir, 'failing'),
+      SMTP_PORT: smtp,
+      API_PORT: apiPort,
+    });
+    const failed = await startDaemon('all', env).catch((error: Error) => error);
+    assert.ok(failed instanceof Error, 'all must not start with its API port taken');
+    assert.match(failed.message, /EADDRINUSE/);
+    assert.match(failed.message, /"name":"postfix","ms":\d+,"msg":"stopped"/);
+    // Until 2026-11-25 the master stayed, greeting on SMTP_PORT and tempfailing every sender.
+    assert.equal(await refusedSoon(Number(smtp)), true, 'no Postfix is left listening');
+  } finally {
+    taken.close();
+  }
 });
