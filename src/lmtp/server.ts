@@ -90,6 +90,8 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
   // smtp-server merges a repeated RCPT into one envelope entry, but RFC 2033 wants one reply per
   // accepted RCPT: the accepted addresses are kept here, per transaction (envelope object).
   const accepted = new WeakMap<SMTPServerEnvelope, string[]>();
+  /** The XFORWARD IDENT (Postfix's queue id) each transaction's MAIL came with. */
+  const idents = new WeakMap<SMTPServerEnvelope, string>();
   const deliveries = new Set<Promise<void>>();
   let closing: Promise<void> | undefined;
 
@@ -110,7 +112,13 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     closeTimeout: graceMs + 5_000,
     // Every sender is taken (the milter decided before queueing); answered at once, not after
     // smtp-server's default setImmediate, so MAIL's reply leaves with XFORWARD's (coalesce-writes.ts).
-    onMailFrom(_address, _session, callback) {
+    // XFORWARD attributes outlive the transaction in smtp-server (MAIL-FACTS D.3), RSET included: MAIL
+    // takes the IDENT sent before it for its own transaction and forgets it (XFORWARD_README: the
+    // attributes last until the end of the transaction).
+    onMailFrom(_address, session, callback) {
+      const ident = session.xForward.get('IDENT');
+      session.xForward.clear();
+      if (typeof ident === 'string' && ident !== '') idents.set(session.envelope, ident);
       callback();
     },
     onRcptTo(address, session, callback) {
@@ -144,10 +152,7 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     stream: SMTPServerDataStream,
     session: SMTPServerSession,
   ): Promise<SMTPServerDataResult[]> {
-    // XFORWARD attributes outlive the transaction in smtp-server (MAIL-FACTS D.3): read, then forget.
-    const ident = session.xForward.get('IDENT');
-    session.xForward.clear();
-    const queueId = typeof ident === 'string' && ident !== '' ? ident : null;
+    const queueId = idents.get(session.envelope) ?? null;
     const envelopeFrom = session.envelope.mailFrom ? session.envelope.mailFrom.address : '';
     const recipients = accepted.get(session.envelope) ?? session.envelope.rcptTo.map((r) => r.address);
     let verdicts: DeliveryVerdict[] = [];

@@ -385,6 +385,25 @@ test('XFORWARD attributes do not carry over to the next transaction on a cached 
   assert.ok(logs.some((l) => l.msg === 'delivery without a usable XFORWARD IDENT: not idempotent'));
 });
 
+test('an RSET leaves no XFORWARD IDENT to the next transaction, which comes without XFORWARD', async () => {
+  const inbox = await h.provision();
+  const client = await LmtpClient.connect({ port });
+  await client.command('LHLO postfix.test');
+  const stale = ident();
+  await client.command(`XFORWARD IDENT=${stale}`);
+  await client.command('MAIL FROM:<a@example.org>');
+  await client.command(`RCPT TO:<${address(inbox)}>`);
+  await client.command('RSET');
+  await client.command('MAIL FROM:<b@example.org>');
+  await client.command(`RCPT TO:<${address(inbox)}>`);
+  const [reply] = await client.data([Buffer.from('Subject: second\r\n\r\nx\r\n')], 1);
+  await client.quit();
+  assert.match(reply as string, /^250 2\.0\.0 msg_[0-9a-z]{20} stored$/);
+  // Stored under its own made-up id: a later delivery of queue id `stale` is not taken for this one.
+  const [row] = await rows('SELECT queue_id FROM messages WHERE inbox_id = $1', [inbox.inbox_id]);
+  assert.match(String(row?.queue_id), /^local-/);
+});
+
 test('an XFORWARD IDENT that is not a printable queue id (xtext +00 is a NUL) is replaced, and the message stored', async () => {
   const inbox = await h.provision();
   const { replies } = await deliverRaw(
