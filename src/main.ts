@@ -161,6 +161,8 @@ async function main(argv: string[]): Promise<void> {
         },
       });
       await postfix.start();
+      // A master that dies (killed, out of memory) leaves no SMTP listener: not ready, and logged.
+      health.watch('postfix', () => (postfix.masterPid() === undefined ? 'not running' : 'ok'));
       log({
         msg: 'listening',
         smtp: `${postfix.smtp.host}:${postfix.smtp.port}`,

@@ -4,7 +4,8 @@
  *
  * Live: the process answers at all (its event loop turns). Nothing else is checked: restarting a
  * process because its database is down would not bring the database back.
- * Ready: the database answers `SELECT 1` within CHECK_TIMEOUT_MS, and the process is not stopping.
+ * Ready: the database answers `SELECT 1` within CHECK_TIMEOUT_MS, every watched part is `ok` (under
+ * `all`, our Postfix's master still runs), and the process is not stopping.
  * From SIGTERM on, readiness answers 503 while the daemons finish what they have in flight, so a
  * load balancer stops sending new work. A readiness failure is logged once when it starts and once
  * when it ends, with the error (the probe's answer names only the check).
@@ -27,6 +28,8 @@ export class Health {
   #failing = false;
   /** One ping at a time: probes arriving while the database hangs share it instead of piling up. */
   #pinging: Promise<unknown> | undefined;
+  /** Other parts of the process, by name: each says `ok` or what is wrong, at once. */
+  readonly #watched = new Map<string, { check: () => string; last: string }>();
 
   constructor(ping: () => Promise<unknown>, log: Log) {
     this.#ping = ping;
@@ -42,8 +45,41 @@ export class Health {
     return this.#stopping;
   }
 
+  /** Readiness also needs `check()` to say `ok`; a change of its answer is logged once. */
+  watch(name: string, check: () => string): void {
+    this.#watched.set(name, { check, last: 'ok' });
+  }
+
+  #watchedChecks(): Record<string, string> {
+    const checks: Record<string, string> = {};
+    for (const [name, watched] of this.#watched) {
+      let answer: string;
+      try {
+        answer = watched.check();
+      } catch (error) {
+        answer = `check failed: ${error instanceof Error ? error.message : String(error)}`;
+      }
+      if (answer !== watched.last) {
+        this.#log(
+          answer === 'ok'
+            ? { msg: `ready again: ${name} ok` }
+            : { level: 'error', msg: `not ready: ${name} ${answer}` },
+        );
+        watched.last = answer;
+      }
+      checks[name] = answer;
+    }
+    return checks;
+  }
+
   async ready(): Promise<Readiness> {
     if (this.#stopping) return { ok: false, checks: { process: 'stopping' } };
+    const database = await this.#database();
+    const checks = { ...database, ...this.#watchedChecks() };
+    return { ok: Object.values(checks).every((c) => c === 'ok'), checks };
+  }
+
+  async #database(): Promise<Record<string, string>> {
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => {
       timer = setTimeout(
@@ -58,7 +94,7 @@ export class Health {
       await Promise.race([this.#pinging, timeout]);
       if (this.#failing) this.#log({ msg: 'ready again: the database answers' });
       this.#failing = false;
-      return { ok: true, checks: { database: 'ok' } };
+      return { database: 'ok' };
     } catch (error) {
       if (!this.#failing) {
         this.#log({
@@ -68,7 +104,7 @@ export class Health {
         });
       }
       this.#failing = true;
-      return { ok: false, checks: { database: 'unreachable' } };
+      return { database: 'unreachable' };
     } finally {
       clearTimeout(timer);
     }

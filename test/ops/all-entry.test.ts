@@ -4,7 +4,7 @@
  * mail is not refused); on SIGTERM Postfix stops first, the process exits 0 and nothing listens.
  */
 import assert from 'node:assert/strict';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -50,6 +50,10 @@ test('all: SMTP greets before the API listens; SIGTERM stops Postfix first and e
   assert.match(await greeting(Number(smtp)), /^220 /);
   const response = await fetch(`${all.apiUrl}/readyz`);
   assert.equal(response.status, 200);
+  assert.deepEqual(((await response.json()) as { checks: unknown }).checks, {
+    database: 'ok',
+    postfix: 'ok',
+  });
 
   const { code } = await all.terminate();
   assert.equal(code, 0);
@@ -93,6 +97,13 @@ test('all: daemons on port 0 are named to Postfix by the ports they bound; a sec
     assert.match(second.message, new RegExp(`in use by another "all" process \\(pid ${first.child.pid}`));
     assert.match(await greeting(Number(smtp)), /^220 /);
     assert.equal(await refusedSoon(Number(otherSmtp)), true);
+    // A master that dies makes the process not ready (it answered ready with no SMTP listener).
+    const master = Number((await readFile(join(dir, 'postfix/queue/pid/master.pid'), 'utf8')).trim());
+    process.kill(master, 'SIGKILL');
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const ready = await fetch(`${first.apiUrl}/readyz`);
+    assert.equal(ready.status, 503);
+    assert.deepEqual(await ready.json(), { ok: false, checks: { database: 'ok', postfix: 'not running' } });
   } finally {
     assert.equal((await first.terminate()).code, 0);
   }

@@ -61,6 +61,29 @@ test('once stopping, not ready whatever the database says', async () => {
   assert.deepEqual(await health.ready(), { ok: false, checks: { process: 'stopping' } });
 });
 
+test('a watched part must say ok too; its change is logged once each way', async () => {
+  const lines: LogLine[] = [];
+  let postfix = 'ok';
+  const health = new Health(
+    async () => {},
+    (line) => lines.push(line),
+  );
+  health.watch('postfix', () => postfix);
+  assert.deepEqual(await health.ready(), { ok: true, checks: { database: 'ok', postfix: 'ok' } });
+  postfix = 'not running';
+  assert.deepEqual(await health.ready(), { ok: false, checks: { database: 'ok', postfix: 'not running' } });
+  assert.equal((await health.ready()).ok, false);
+  postfix = 'ok';
+  assert.equal((await health.ready()).ok, true);
+  assert.deepEqual(
+    lines.map((l) => [l.level ?? 'info', l.msg]),
+    [
+      ['error', 'not ready: postfix not running'],
+      ['info', 'ready again: postfix ok'],
+    ],
+  );
+});
+
 test('a verdict is named after its reply in snake_case; accept is accepted; a foreign refusal is other', () => {
   const replies = smtpReplies({ mailDomain: 'svc.test', abuseContact: 'abuse@svc.test' });
   assert.equal(replyReason(replies, ACCEPT), 'accepted');
