@@ -194,11 +194,11 @@ export class PgMessageStore implements MessageStore {
       const { size } = await copyChunks(client, d.inboxId, row.out_message_id, body, CHUNK_BYTES);
       const [finished] = await db.rows<{ kind: StoreOutcome['kind'] }>(
         'delivery-finish',
-        'SELECT finish_delivery($1, $2, $3, $4, NULL, $5, $6, $7, $8, $9, $10) AS kind',
+        'SELECT finish_delivery_outcome($1, $2, $3, $4, NULL, $5, $6, $7, $8, $9, $10) AS kind',
         [d.inboxId, row.out_message_id, size, CHUNK_BYTES, ...summaryValues(d), d.now],
         client,
       );
-      if (!finished) throw new Error('finish_delivery returned no row');
+      if (!finished) throw new Error('finish_delivery_outcome returned no row');
       return { kind: finished.kind, messageId: row.out_message_id };
     });
   }

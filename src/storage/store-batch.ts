@@ -1,8 +1,9 @@
 /**
  * store-batch - the receiver's store of a whole message (at most one chunk) through an InboxBatcher:
- * alone, store_whole_message; several for one inbox, one store_whole_messages call
- * (migrations/20261127000000_inbox_batches.ts), which stores each as store_whole_message does, in the
- * order given, idempotently on (inbox, queue id) within the batch too.
+ * alone, store_whole_message_outcome; several for one inbox, one store_whole_messages_outcome call
+ * (migrations/20261127000000_inbox_batches.ts, 20261203000000_delivery_outcome.ts), which stores each
+ * as the single call does, in the order given, idempotently on (inbox, queue id) within the batch too.
+ * Each says 'stored', 'duplicate', or 'cancelled' / 'expired' (kept nothing: the inbox had ended).
  */
 import type { StoreOutcome } from '../core/ports.ts';
 import type { Database } from './database.ts';
@@ -34,9 +35,9 @@ interface OutcomeRow {
 // The NULL is the functions' content digest (p_sha256, p_sha256s), which the mail path no longer
 // computes (core/model.ts MessageRecord.sha256); message-store.ts passes it to finish_delivery too.
 const SINGLE_SQL =
-  'SELECT out_kind, out_message_id FROM store_whole_message($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12)';
+  'SELECT out_kind, out_message_id FROM store_whole_message_outcome($1, $2, $3, $4, $5, $6, $7, NULL, $8, $9, $10, $11, $12)';
 const BATCH_SQL =
-  'SELECT n, out_kind, out_message_id FROM store_whole_messages($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12, $13)';
+  'SELECT n, out_kind, out_message_id FROM store_whole_messages_outcome($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9, $10, $11, $12, $13)';
 
 export function wholeMessageStores(db: Database): InboxBatcher<WholeMessage, StoreOutcome> {
   return new InboxBatcher<WholeMessage, StoreOutcome>({
@@ -56,7 +57,7 @@ export function wholeMessageStores(db: Database): InboxBatcher<WholeMessage, Sto
         m.internetMessageId,
         m.authentication,
       ]);
-      if (!row) throw new Error('store_whole_message returned no row');
+      if (!row) throw new Error('store_whole_message_outcome returned no row');
       return { kind: row.out_kind, messageId: row.out_message_id };
     },
     async batch(messages) {

@@ -147,3 +147,27 @@ test('whole messages stored together into a cancelled inbox (one batch call) eac
   );
   assert.deepEqual(left, { undeleted: 0, chunks: 0 });
 });
+
+test('the functions a receiver started before migration 20261203000000 calls keep their results (expand, not change)', async () => {
+  const inbox = await h.provision();
+  assert.ok(await new PgInboxStore(db).cancel(inbox.inbox_id, new Date()));
+  const [whole] = await db.rows<{ out_kind: string }>(
+    'test-old-store-whole',
+    `SELECT out_kind FROM store_whole_message($1, 'msg_oldreceiver00000001', 'QOLD1', 's@example.test', now(),
+       '\\x6869'::bytea, 262144, NULL, NULL, NULL, NULL, NULL, NULL)`,
+    [inbox.inbox_id],
+  );
+  assert.deepEqual(whole, { out_kind: 'stored' });
+  const [types] = await db.rows<{ finish: string }>(
+    'test-old-finish-type',
+    `SELECT pg_get_function_result('finish_delivery'::regproc) AS finish`,
+    [],
+  );
+  assert.deepEqual(types, { finish: 'void' });
+  const [left] = await db.rows<{ chunks: number }>(
+    'test-old-store-chunks',
+    'SELECT count(*)::int AS chunks FROM message_chunks WHERE inbox_id = $1',
+    [inbox.inbox_id],
+  );
+  assert.deepEqual(left, { chunks: 0 });
+});
