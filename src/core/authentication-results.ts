@@ -239,7 +239,7 @@ export function readAuthentication(
   authservId: string,
   envelopeFrom = '',
 ): Authentication | null {
-  const [firstField] = headerFields(head);
+  const [firstField] = headerFields(head, undefined, { count: 1 });
   if (firstField?.name.toLowerCase() !== 'authentication-results') return null;
   const parsed = parseAuthenticationResults(firstField.value);
   if (!parsed || parsed.authservId !== authservId.toLowerCase()) return null;

@@ -115,6 +115,17 @@ const CASES: [string, string | Buffer, string, MessageSummary][] = [
     summary(null, null, 'a  X-Injected: 1 b c d'),
   ],
   [
+    'C1 controls and Unicode line separators become spaces, raw, encoded or left by windows-1252',
+    Buffer.concat([
+      Buffer.from('Subject: a\u0085b\u2028c\u2029d =?UTF-8?Q?e=C2=85f?=\r\nX-Latin: '),
+      Buffer.from('\r\nFrom: g'),
+      Buffer.from([0x81, 0x9d, 0xe9]),
+      Buffer.from(' <g@example.org>\r\n\r\n'),
+    ]),
+    '',
+    summary('g  \u00e9', 'g@example.org', 'a b c d e f'),
+  ],
+  [
     'an obsolete source route is not part of the address',
     'From: Ada <@relay.test,@other.test:ada@example.org>\r\n\r\n',
     '',
