@@ -95,9 +95,13 @@ async function main(argv: string[]): Promise<void> {
     await ops?.close();
     await lock?.release();
   };
+  // The start sequence below; a signal during it lets it reach its next step, then unwinds it all.
+  let startup: Promise<void> | undefined;
   const stop = async (signal: string) => {
     const began = performance.now();
     log({ msg: 'stopping', signal, grace_seconds: config.shutdownGraceSeconds });
+    health.stop();
+    await startup?.catch(() => {});
     await shutdown();
     log({ msg: 'stopped', ms: Math.round(performance.now() - began) });
     process.exit(0);
@@ -116,7 +120,11 @@ async function main(argv: string[]): Promise<void> {
   process.on('SIGINT', onSignal);
 
   const bound: Partial<Pick<Config, 'policyListen' | 'milterListen' | 'lmtpListen'>> = {};
-  try {
+  /** Ends the start sequence early once a signal came (what started is in `running`). */
+  const checkpoint = () => {
+    if (stopping) throw new Error('stopping: start abandoned');
+  };
+  startup = (async () => {
     if (entry === 'policy' || all) {
       const { startPolicy } = await import('./daemons/policy.ts');
       const server = await startPolicy(container, logOf('policy'));
@@ -124,6 +132,7 @@ async function main(argv: string[]): Promise<void> {
       bound.policyListen = boundListen(config.policyListen, server.port);
       log({ msg: 'listening', policy: server.address });
     }
+    checkpoint();
     if (entry === 'milter' || all) {
       const { startMilter } = await import('./daemons/milter.ts');
       const server = await startMilter(container, logOf('milter'));
@@ -131,6 +140,7 @@ async function main(argv: string[]): Promise<void> {
       bound.milterListen = boundListen(config.milterListen, server.port);
       log({ msg: 'listening', milter: server.address });
     }
+    checkpoint();
     if (entry === 'lmtp' || all) {
       const { startLmtp } = await import('./daemons/lmtp.ts');
       const server = await startLmtp(container, logOf('lmtp'));
@@ -138,12 +148,14 @@ async function main(argv: string[]): Promise<void> {
       bound.lmtpListen = boundListen(config.lmtpListen, server.port);
       log({ msg: 'listening', lmtp: server.address });
     }
+    checkpoint();
     if (entry === 'jobs' || all) {
       const { startJobs } = await import('./daemons/jobs.ts');
       const schedule = startJobs(container, logOf('jobs'));
       running.push({ name: 'jobs', close: () => schedule.close() });
       log({ msg: 'scheduled', jobs: `every ${config.sweepIntervalSeconds} s` });
     }
+    checkpoint();
     if (all) {
       const { PostfixInstance } = await import('./postfix/instance.ts');
       const { followMaillog } = await import('./postfix/follow-maillog.ts');
@@ -160,6 +172,7 @@ async function main(argv: string[]): Promise<void> {
           following.stop();
         },
       });
+      checkpoint();
       await postfix.start();
       // A master that dies (killed, out of memory) leaves no SMTP listener: not ready, and logged.
       health.watch('postfix', () => (postfix.masterPid() === undefined ? 'not running' : 'ok'));
@@ -169,6 +182,7 @@ async function main(argv: string[]): Promise<void> {
         mail_domain: config.mailDomain,
       });
     }
+    checkpoint();
     // The API last: with `all` (make run), once it answers, Postfix already takes mail for its inboxes.
     if (entry === 'api' || all) {
       const { startApi } = await import('./daemons/api.ts');
@@ -176,8 +190,9 @@ async function main(argv: string[]): Promise<void> {
       running.push({ name: 'api', close: () => api.close() });
       log({ msg: 'listening', api: api.url, public_base_url: config.publicBaseUrl });
     }
+    checkpoint();
     const metricsPort = config.metricsPort ?? DEFAULT_METRICS_PORTS[entry] ?? 9464;
-    if (metricsPort !== 'off' && !health.stopping) {
+    if (metricsPort !== 'off') {
       const server = await startOpsServer({
         host: config.metricsHost,
         port: metricsPort,
@@ -192,13 +207,15 @@ async function main(argv: string[]): Promise<void> {
         probes: [`${server.url}/livez`, `${server.url}/readyz`],
       });
     }
+  })();
+  try {
+    await startup;
   } catch (error) {
+    if (stopping) return; // a signal came: its stop() unwinds what started, and exits
     // Nothing half started stays behind (a Postfix master tempfailing every sender, a bound port).
     log({ level: 'error', msg: 'start failed; stopping what started', error: String(error) });
-    if (!stopping) {
-      stopping = true;
-      await shutdown();
-    }
+    stopping = true;
+    await shutdown();
     throw error;
   }
 }

@@ -4,16 +4,20 @@
  * mail is not refused); on SIGTERM Postfix stops first, the process exits 0 and nothing listens.
  */
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { freshDatabase, type TestDatabase } from '../support/database.ts';
 import { freePorts } from '../support/sender-postfix.ts';
 import { SmtpClient } from '../support/smtp-client.ts';
 import { type DaemonProcess, daemonEnv, refusedSoon, startDaemon } from './daemon-process.ts';
 
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 let database: TestDatabase;
 let runDir: string;
 let all: DaemonProcess | undefined;
@@ -134,4 +138,30 @@ test('all: a start that fails after Postfix started stops Postfix and the daemon
   } finally {
     taken.close();
   }
+});
+
+test('all: SIGTERM while Postfix starts stops it and everything else, and exits 0', {
+  timeout: 60_000,
+}, async () => {
+  const [smtp] = (await freePorts(1)).map(String) as [string];
+  const dir = join(runDir, 'signalled');
+  const env = daemonEnv(database.url, { RUN_DIR: dir, SMTP_PORT: smtp });
+  const child = spawn(process.execPath, ['src/main.ts', 'all'], { cwd: ROOT, env, stdio: 'pipe' });
+  let output = '';
+  child.stdout.on('data', (data: Buffer) => {
+    output += data.toString();
+  });
+  child.stderr.on('data', (data: Buffer) => {
+    output += data.toString();
+  });
+  const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+  // The master's pid file appears while `postfix start` runs, before start() has seen the greeting.
+  const pidFile = join(dir, 'postfix/queue/pid/master.pid');
+  while (!existsSync(pidFile)) await new Promise((resolve) => setTimeout(resolve, 2));
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0, output);
+  // Until 2026-11-25 the process stopped the daemons it knew of and exited, and the master started
+  // meanwhile stayed, tempfailing every sender.
+  assert.equal(await refusedSoon(Number(smtp)), true, `no Postfix is left listening:\n${output}`);
+  assert.match(output, /"name":"postfix","ms":\d+,"msg":"stopped"/);
 });
