@@ -7,9 +7,10 @@
  *                                  --data-directory DIR --maillog-file PATH
  *
  * Reads:     the service's variables (MAIL_DOMAIN, AUTHSERV_ID, SMTP_HOST, SMTP_PORT, POLICY_PORT,
- *            MILTER_PORT, LMTP_PORT, MAX_MESSAGE_BYTES; README "Configuration"), and every variable
- *            `POSTCONF_<parameter>` (a lower-case main.cf parameter name) as an override of that
- *            parameter, e.g. POSTCONF_smtpd_tls_security_level=may; an empty value sets it empty.
+ *            MILTER_PORT, LMTP_PORT, MAX_MESSAGE_BYTES, RESERVATION_TTL_SECONDS; README
+ *            "Configuration"), and every variable `POSTCONF_<parameter>` (a lower-case main.cf
+ *            parameter name) as an override of that parameter, e.g.
+ *            POSTCONF_smtpd_tls_security_level=may; an empty value sets it empty.
  * Writes:    DIR/main.cf and DIR/master.cf (mode 0644, dated two seconds back; instance.ts says why).
  * On error:  exit 78 naming the variable (a bad or missing value; MAIL_DOMAIN is required here even in
  *            dev: an MX for "localhost" is never what a container wants), 64 bad arguments, 1 anything

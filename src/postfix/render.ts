@@ -197,16 +197,23 @@ export function queueLifetimeSeconds(mainCf: string): number {
 }
 
 /**
+ * Beyond the queue lifetime, a reservation outlives its message by this much at least: the milter
+ * reserves before Postfix queues the message, and its last delivery attempt may start just before
+ * the lifetime ends and take the LMTP client's timeouts (minutes).
+ */
+export const RESERVATION_SLACK_SECONDS = 3600;
+
+/**
  * A message Postfix delivers after the release job freed its reservation is dropped (answered 250,
  * README "Configuration"), so a queue may not hold mail longer than a reservation lives.
  */
 function checkReservationOutlivesQueue(settings: PostfixSettings, mainCf: string): void {
   const lifetime = queueLifetimeSeconds(mainCf);
-  if (settings.reservationTtlSeconds <= lifetime) {
+  if (settings.reservationTtlSeconds < lifetime + RESERVATION_SLACK_SECONDS) {
     throw new ConfigError(
       'RESERVATION_TTL_SECONDS',
-      `must be more than Postfix's maximal_queue_lifetime (${lifetime} s): mail Postfix delivers after ` +
-        `its quota reservation was released is dropped (got ${settings.reservationTtlSeconds})`,
+      `must be at least Postfix's maximal_queue_lifetime (${lifetime} s) plus ${RESERVATION_SLACK_SECONDS} s: ` +
+        `mail Postfix delivers after its quota reservation was released is dropped (got ${settings.reservationTtlSeconds})`,
     );
   }
 }

@@ -307,9 +307,10 @@ describe('docker/compose.yaml', () => {
     assert.ok(!('SECRET_KEY' in (postfix.environment ?? {})));
     assert.ok(!('SECRET_KEY' in (service('postgres').environment ?? {})));
     // The settings both sides must agree on come from the same variables.
-    for (const variable of ['MAIL_DOMAIN', 'AUTHSERV_ID', 'MAX_MESSAGE_BYTES']) {
+    for (const variable of ['MAIL_DOMAIN', 'AUTHSERV_ID', 'MAX_MESSAGE_BYTES', 'RESERVATION_TTL_SECONDS']) {
       assert.equal(postfix.environment?.[variable], service('lmtp').environment?.[variable], variable);
       assert.equal(postfix.environment?.[variable], service('milter').environment?.[variable], variable);
+      assert.equal(postfix.environment?.[variable], service('jobs').environment?.[variable], variable);
     }
   });
 

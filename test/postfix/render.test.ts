@@ -107,9 +107,15 @@ describe('renderPostfix', () => {
     const short = { ...config, reservationTtlSeconds: 432_000 };
     assert.throws(
       () => renderPostfix(short, dirs),
-      /^Error: RESERVATION_TTL_SECONDS: must be more than Postfix's maximal_queue_lifetime \(432000 s\)/,
+      /^Error: RESERVATION_TTL_SECONDS: must be at least Postfix's maximal_queue_lifetime \(432000 s\) plus 3600 s/,
     );
     assert.doesNotThrow(() => renderPostfix(short, dirs, { maximal_queue_lifetime: '4d' }));
+    // The reservation is made before the message is queued: an hour of slack at least.
+    assert.throws(
+      () => renderPostfix({ ...config, reservationTtlSeconds: 432_001 + 3_598 }, dirs),
+      /plus 3600 s/,
+    );
+    assert.doesNotThrow(() => renderPostfix({ ...config, reservationTtlSeconds: 435_600 }, dirs));
     assert.throws(() => renderPostfix(config, dirs, { maximal_queue_lifetime: '1w' }), /\(604800 s\)/);
     assert.equal(queueLifetimeSeconds('maximal_queue_lifetime = 3600s\n'), 3600);
     assert.equal(queueLifetimeSeconds('maximal_queue_lifetime = 2\n'), 172_800);
