@@ -33,7 +33,8 @@ function liveMain(pid: number): boolean {
   } catch {
     return true;
   }
-  return args.some((arg, i) => arg.endsWith('main.ts') && args[i + 1] === 'all');
+  // `all` is also the entry when none is named (cmdline ends with a NUL: a last '' element).
+  return args.some((arg, i) => arg.endsWith('main.ts') && (args[i + 1] === 'all' || !args[i + 1]));
 }
 
 /** Takes RUN_DIR's lock for this process; throws RunDirBusy naming the live owner. */
