@@ -55,9 +55,12 @@ test(`a message for ${DEFAULT_PARALLEL_STORES + 4} inboxes in one transaction is
   assert.deepEqual(deferred, []);
 });
 
-test("the policy daemon's 452 4.5.3 replies to 24 recipients do not cost the transaction its connection", async () => {
+// 130: over the 120 errors a connection had (the mail admins' review found the transaction dropped
+// with 421 there, on every retry), and over the recipient limit (100), which refused ones do not use up.
+test("the policy daemon's 452 4.5.3 replies to 130 recipients do not cost the transaction its connection", async () => {
   const open = await s.provision();
-  const others = await Promise.all(Array.from({ length: 24 }, (_, i) => s.provision([`d${i}.example`])));
+  const others = await Promise.all(Array.from({ length: 130 }, (_, i) => s.provision([`d${i}.example`])));
+  const began = Date.now();
   const replies = await s.send({
     to: [open.address, ...others.map((o) => o.address)],
     message: plainMessage({ to: open.address, subject: 'split' }),
@@ -68,6 +71,8 @@ test("the policy daemon's 452 4.5.3 replies to 24 recipients do not cost the tra
     others.map((o) => `452 4.5.3 <${o.address}>: Recipient address rejected: ${SEPARATE}`),
   );
   assert.equal(replies.end?.code, 250, replies.end?.text);
+  // No reply waited smtpd_error_sleep_time (1 s each past the soft limit).
+  assert.ok(Date.now() - began < 10_000, `took ${Date.now() - began} ms`);
   await s.waitFor('the message in the open inbox', async () =>
     (await poll(open)).messages.length === 1 ? true : undefined,
   );

@@ -150,9 +150,9 @@ describe('renderPostfix', () => {
       smtpd_relay_restrictions: 'reject_unauth_destination',
       smtpd_recipient_restrictions: policy,
       smtpd_recipient_limit: '100',
-      smtpd_soft_error_limit: '110',
+      smtpd_soft_error_limit: '1000',
       // biome-ignore lint/suspicious/noTemplateCurlyInString: a Postfix expression, not a template
-      smtpd_hard_error_limit: '${stress?{1}:{120}}',
+      smtpd_hard_error_limit: '${stress?{1}:{1100}}',
       smtpd_milters: 'inet:127.0.0.1:10041',
       milter_default_action: 'tempfail',
       milter_protocol: '6',
