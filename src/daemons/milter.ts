@@ -21,11 +21,13 @@ import type { Config } from '../config/config.ts';
 import { TOKENS } from '../container.ts';
 import { inboxIdOf } from '../core/mail-address.ts';
 import { replyReason, type SmtpReplies } from '../core/smtp-replies.ts';
+import type { Verdict } from '../core/verdict.ts';
 import type { Log } from '../log.ts';
 import { loadMailauth } from '../mail/mailauth-authenticator.ts';
 import type { MilterCheck } from '../mail/milter-check.ts';
 import type { MilterHandler } from '../milter/handler.ts';
 import { startMilterServer } from '../milter/server.ts';
+import { HEADER_FIELD_TOO_LARGE, HEADERS_TOO_LARGE } from '../milter/session.ts';
 import type { Metrics } from '../ops/metrics.ts';
 
 const STAGE = 'end_of_message';
@@ -38,18 +40,11 @@ export async function startMilter(container: DependencyContainer, log: Log) {
   const metrics = container.resolve<Metrics>(TOKENS.Metrics);
   const replies = container.resolve<SmtpReplies>(TOKENS.SmtpReplies);
 
+  // Decision times by queue id, from end() to the answer (MilterHandler.answered), for the log line.
+  const decisionMs = new Map<string, number>();
   const handler: MilterHandler = {
     beginMessage(envelope, headers) {
-      let consumer: ReturnType<MilterCheck['beginMessage']>;
-      try {
-        consumer = check.beginMessage(envelope, headers);
-      } catch (error) {
-        metrics.verdict('milter', STAGE, 'error', 'internal');
-        throw error;
-      }
-      const inboxIds = [
-        ...new Set(envelope.recipients.flatMap((r) => inboxIdOf(r, config.mailDomain) ?? [])),
-      ];
+      const consumer = check.beginMessage(envelope, headers);
       return {
         body: (chunk) => consumer.body(chunk),
         abort: () => consumer.abort(),
@@ -57,30 +52,41 @@ export async function startMilter(container: DependencyContainer, log: Log) {
         end: async () => {
           const started = performance.now();
           try {
-            const result = await consumer.end();
-            const seconds = (performance.now() - started) / 1000;
-            const { verdict } = result;
-            const reason = replyReason(replies, verdict);
-            metrics.milterDecision(seconds);
-            metrics.verdict('milter', STAGE, verdict.kind, reason);
-            log({
-              msg: 'milter verdict',
-              queue_id: envelope.queueId,
-              inbox_ids: inboxIds,
-              verdict: verdict.kind,
-              reason,
-              ...(verdict.kind === 'accept' ? {} : { reply: `${verdict.code} ${verdict.dsn}` }),
-              ms: Math.round(seconds * 10000) / 10,
-            });
-            return result;
-          } catch (error) {
-            metrics.verdict('milter', STAGE, 'error', 'internal');
-            throw error;
+            return await consumer.end();
+          } finally {
+            const ms = performance.now() - started;
+            metrics.milterDecision(ms / 1000);
+            if (envelope.queueId) decisionMs.set(envelope.queueId, ms);
           }
         },
       };
     },
+    // Counted and logged as sent: a verdict that came past its deadline was a `t` to Postfix.
+    answered(message, answer) {
+      const verdict = answer === 'tempfail' ? null : answer;
+      const kind = verdict?.kind ?? 'error';
+      const reason = verdict ? milterReason(verdict) : 'internal';
+      metrics.verdict('milter', STAGE, kind, reason);
+      const ms = decisionMs.get(message.queueId);
+      decisionMs.delete(message.queueId);
+      log({
+        ...(kind === 'error' ? { level: 'warn' as const } : {}),
+        msg: 'milter verdict',
+        queue_id: message.queueId,
+        inbox_ids: [...new Set(message.recipients.flatMap((r) => inboxIdOf(r, config.mailDomain) ?? []))],
+        verdict: kind,
+        reason,
+        ...(verdict && verdict.kind !== 'accept' ? { reply: `${verdict.code} ${verdict.dsn}` } : {}),
+        ...(kind === 'error' ? { reply: '451 4.7.1' } : {}),
+        ...(ms === undefined ? {} : { ms: Math.round(ms * 10) / 10 }),
+      });
+    },
   };
+  /** The milter's own refusals of a header too large are no reply of SmtpReplies. */
+  const milterReason = (verdict: Verdict) =>
+    verdict === HEADERS_TOO_LARGE || verdict === HEADER_FIELD_TOO_LARGE
+      ? 'header_too_large'
+      : replyReason(replies, verdict);
   return startMilterServer({
     listen: config.milterListen,
     handler,

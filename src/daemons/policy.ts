@@ -42,18 +42,24 @@ export async function startPolicy(container: DependencyContainer, log: Log): Pro
   const changes = container.resolve<InboxChangeFeed>(TOKENS.InboxChangeFeed);
   await changes.start();
 
-  const observed = async (request: PolicyRequest, decide: () => Promise<Verdict>): Promise<Verdict> => {
-    const stage = STAGES[request.protocolState] ?? 'other';
+  // Decision time only: what Postfix got is counted and logged by `answered`.
+  const timed = async (request: PolicyRequest, decide: () => Promise<Verdict>): Promise<Verdict> => {
     const started = performance.now();
-    let verdict: Verdict;
     try {
-      verdict = await decide();
-    } catch (error) {
-      metrics.verdict('policy', stage, 'error', 'internal');
-      throw error;
+      return await decide();
+    } finally {
+      metrics.policyDecision(STAGES[request.protocolState] ?? 'other', (performance.now() - started) / 1000);
     }
-    metrics.policyDecision(stage, (performance.now() - started) / 1000);
-    if (stage === 'other') return verdict;
+  };
+  // Counted and logged as answered: a verdict past the session's deadline never reached Postfix. A
+  // request with no reply is an `error` each time; Postfix asks twice (smtpd_policy_service_try_limit).
+  const answered = (request: PolicyRequest, verdict: Verdict | null): void => {
+    const stage = STAGES[request.protocolState] ?? 'other';
+    if (verdict === null) {
+      metrics.verdict('policy', stage, 'error', 'internal');
+      return;
+    }
+    if (stage === 'other') return;
     const reason = replyReason(replies, verdict);
     metrics.verdict('policy', stage, verdict.kind, reason);
     if (verdict.kind !== 'accept') {
@@ -68,7 +74,6 @@ export async function startPolicy(container: DependencyContainer, log: Log): Pro
         ...(request.queueId ? { queue_id: request.queueId } : {}),
       });
     }
-    return verdict;
   };
 
   const server = await startPolicyServer({
@@ -79,7 +84,8 @@ export async function startPolicy(container: DependencyContainer, log: Log): Pro
       connect: () => {
         const connection = admission.connection();
         return {
-          decide: (request) => observed(request, () => connection.decide(request)),
+          decide: (request) => timed(request, () => connection.decide(request)),
+          answered,
           close: () => {},
         };
       },

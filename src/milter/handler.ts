@@ -74,10 +74,20 @@ export interface MessageConsumer {
   undelivered(): Promise<void>;
 }
 
+/** What the MTA was told about a message: a verdict, or `t` (or nothing, which Postfix takes as `t`). */
+export type MessageAnswer = Verdict | 'tempfail';
+
 export interface MilterHandler {
   /**
    * Called once per transaction at end of headers (SMFIC_EOH). Throwing makes this message fail
    * temporarily (SMFIR_TEMPFAIL); the connection stays usable for the next transaction.
    */
   beginMessage(envelope: MilterEnvelope, headers: MilterHeader[]): MessageConsumer;
+  /**
+   * Once per message that got an answer other than `continue`: the answer as sent, whoever decided it
+   * (the consumer's verdict; our own refusal of a header too large; `t` for a failure, a decision past
+   * its deadline, or a verdict the lost connection never carried). For counting and logging. Must not
+   * throw.
+   */
+  answered?(message: { queueId: string; recipients: string[] }, answer: MessageAnswer): void;
 }

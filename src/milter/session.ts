@@ -36,7 +36,7 @@ import {
   type Packet,
   SMFIC,
 } from './codec.ts';
-import type { MessageConsumer, MilterHandler, MilterHeader } from './handler.ts';
+import type { MessageAnswer, MessageConsumer, MilterHandler, MilterHeader } from './handler.ts';
 import { MacroStore } from './macros.ts';
 import { expectsReply, negotiate } from './negotiate.ts';
 import { endOfMessageReply } from './reply.ts';
@@ -88,6 +88,8 @@ interface Transaction {
   settled: boolean;
   /** Answered (or to be answered) `t`; the rest of the message is not shown to the core. */
   failed: boolean;
+  /** The handler has heard the message's answer (MilterHandler.answered). */
+  answered: boolean;
 }
 
 type Answer = 'continue' | 'tempfail' | Refusal;
@@ -211,8 +213,23 @@ export class MilterSession {
       case 'unknown':
         break;
     }
-    if (expectsReply(packet.command, this.#protocol)) this.#send(answerPacket(answer));
+    if (expectsReply(packet.command, this.#protocol)) {
+      this.#send(answerPacket(answer));
+      if (answer !== 'continue' && this.#tx) this.#answered(this.#tx, answer);
+    }
     return 'continue';
+  }
+
+  /** Tells the handler, once per message, what the MTA was told (MilterHandler.answered). */
+  #answered(tx: Transaction, answer: MessageAnswer): void {
+    if (tx.answered) return;
+    tx.answered = true;
+    const queueId = tx.queueId || (this.#macros.snapshot().get('i') ?? '');
+    try {
+      this.#handler.answered?.({ queueId, recipients: [...tx.recipients] }, answer);
+    } catch (error) {
+      this.#log({ level: 'error', msg: 'milter answered() failed', session: this.#id, error: String(error) });
+    }
   }
 
   /** The socket closed: a message in progress is aborted. */
@@ -234,6 +251,7 @@ export class MilterSession {
       settled: false,
       failed: false,
       tooLarge: undefined,
+      answered: false,
     };
   }
 
@@ -321,6 +339,7 @@ export class MilterSession {
     }
     if (tx.failed || !consumer) {
       this.#endTransaction();
+      this.#answered(tx, failure(tx));
       return answerPacket(failure(tx));
     }
     tx.settled = true;
@@ -328,6 +347,7 @@ export class MilterSession {
     // end() resolved, and its verdict is not the reply: the consumer may undo it (handler.ts).
     let ended = false;
     let replaced = false;
+    let sent: MessageAnswer = 'tempfail';
     const ending = consumer.end();
     try {
       const answer = await this.#withProgress(
@@ -336,6 +356,7 @@ export class MilterSession {
       );
       ended = true;
       reply = endOfMessageReply(answer);
+      sent = answer.verdict;
     } catch (error) {
       this.#failed(tx, 'end', error);
       reply = encodeTempfail();
@@ -351,8 +372,10 @@ export class MilterSession {
       const lost = { session: this.#id, queue_id: tx.queueId };
       this.#log({ level: 'warn', msg: 'milter connection lost before the verdict was sent', ...lost });
       replaced = ended;
+      sent = 'tempfail'; // Postfix applies milter_default_action
     }
     if (replaced) this.#undelivered(tx, consumer);
+    this.#answered(tx, sent);
     return reply;
   }
 
@@ -416,7 +439,7 @@ export class MilterSession {
 }
 
 /** The answer for a transaction that failed: a header limit's refusal for good, anything else for now. */
-function failure(tx: Transaction): Answer {
+function failure(tx: Transaction): Refusal | 'tempfail' {
   return tx.tooLarge ?? 'tempfail';
 }
 

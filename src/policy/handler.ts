@@ -38,6 +38,13 @@ export interface PolicyRequest {
  */
 export interface PolicyConnection {
   decide(request: PolicyRequest): Promise<Verdict>;
+  /**
+   * What Postfix got for the request: the verdict written, or null when the connection was dropped
+   * without a reply (a decision that failed or passed its deadline, a reply that could not be
+   * encoded, a peer already gone). Postfix then tries again on a new connection (up to
+   * smtpd_policy_service_try_limit) or applies default_action. For counting and logging; must not throw.
+   */
+  answered?(request: PolicyRequest, verdict: Verdict | null): void;
   close(): void;
 }
 

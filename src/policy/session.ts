@@ -17,6 +17,7 @@
  */
 import type { Socket } from 'node:net';
 import { withDeadline } from '../core/deadline.ts';
+import type { Verdict } from '../core/verdict.ts';
 import type { Log } from '../log.ts';
 import { encodeAction, PolicyProtocolError, PolicyRequestReader } from './codec.ts';
 import type { PolicyConnection, PolicyHandler, PolicyRequest } from './handler.ts';
@@ -110,19 +111,34 @@ export class PolicySession {
       this.#deadlineMs,
       'the policy decision',
     );
-    decided.then(encodeAction).then(
-      (reply) => {
-        this.#busy = false;
-        if (this.#socket.destroyed) return;
-        this.#socket.write(reply);
-        if (this.#stopping) this.#socket.destroySoon();
-        else this.#next();
-      },
-      (error: unknown) => {
-        this.#busy = false;
-        this.#fail('policy decision failed; disconnecting without a reply', error, request);
-      },
-    );
+    decided
+      .then((verdict) => ({ verdict, reply: encodeAction(verdict) }))
+      .then(
+        ({ verdict, reply }) => {
+          this.#busy = false;
+          if (this.#socket.destroyed) {
+            this.#answered(connection, request, null);
+            return;
+          }
+          this.#socket.write(reply);
+          this.#answered(connection, request, verdict);
+          if (this.#stopping) this.#socket.destroySoon();
+          else this.#next();
+        },
+        (error: unknown) => {
+          this.#busy = false;
+          this.#fail('policy decision failed; disconnecting without a reply', error, request);
+          this.#answered(connection, request, null);
+        },
+      );
+  }
+
+  #answered(connection: PolicyConnection, request: PolicyRequest, verdict: Verdict | null): void {
+    try {
+      connection.answered?.(request, verdict);
+    } catch (error) {
+      this.#log({ level: 'error', msg: 'policy answered() failed', error: String(error) });
+    }
   }
 
   #fail(msg: string, error: unknown, request?: PolicyRequest): void {

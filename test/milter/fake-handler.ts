@@ -7,6 +7,7 @@ import { ACCEPT, type Verdict } from '../../src/core/verdict.ts';
 import type { LogLine } from '../../src/log.ts';
 import type {
   HeaderEdits,
+  MessageAnswer,
   MessageConsumer,
   MilterEnvelope,
   MilterHandler,
@@ -25,11 +26,24 @@ export interface Recorded {
 
 export class FakeHandler implements MilterHandler {
   readonly messages: Recorded[] = [];
+  /** Every answered() call: queue id and the answer as sent ('tempfail', or the verdict's kind and code). */
+  readonly answers: [string, string][] = [];
   begin: (envelope: MilterEnvelope) => void = () => {};
   body: (chunk: Buffer, message: Recorded) => Promise<void> = async () => {};
   end: (message: Recorded) => Promise<{ verdict: Verdict; edits?: HeaderEdits }> = async () => ({
     verdict: ACCEPT,
   });
+
+  answered(message: { queueId: string }, answer: MessageAnswer): void {
+    this.answers.push([
+      message.queueId,
+      answer === 'tempfail'
+        ? 'tempfail'
+        : answer.kind === 'accept'
+          ? 'accept'
+          : `${answer.code} ${answer.dsn}`,
+    ]);
+  }
 
   beginMessage(envelope: MilterEnvelope, headers: MilterHeader[]): MessageConsumer {
     this.begin(envelope);

@@ -275,6 +275,8 @@ describe('sizes', () => {
     );
     assert.deepEqual(await bodyAndEnd(mta, []), [refusal]);
     assert.equal(handler.messages.length, 0);
+    // Heard once, although answered at EOH and at end of message (uncounted until 2026-11-25).
+    assert.deepEqual(handler.answers, [[QUEUE_ID, '552 5.3.4']]);
     await envelope(mta);
     assert.equal(await headers(mta, [['X-F', value(MAX_FIELD_BYTES)]]), 'c');
     assert.equal(handler.messages[0]?.headers[0]?.value.length, MAX_FIELD_BYTES - 4);
@@ -312,6 +314,10 @@ describe('failures become tempfail', () => {
     await envelope(mta);
     assert.equal(await headers(mta, [['Subject', ' b']]), 'c');
     assert.deepEqual(await bodyAndEnd(mta, ['x\r\n']), ['c']);
+    assert.deepEqual(handler.answers, [
+      [QUEUE_ID, 'tempfail'],
+      [QUEUE_ID, 'accept'],
+    ]);
   });
 
   test('body() rejecting aborts the consumer and the message is answered t at its end; end() is never called', async () => {
@@ -539,6 +545,12 @@ describe('flow control', () => {
     mta.rcpt('<good@svc.test>');
     assert.equal(await headers(mta, [], '4jWnfw5jrjzJHgd'), 'c');
     assert.deepEqual(await bodyAndEnd(mta, ['y\r\n']), ['c']);
+    // The handler hears what Postfix was told: `t` for the late accept (it was counted as an accept
+    // until 2026-11-25), then the accept.
+    assert.deepEqual(handler.answers, [
+      [QUEUE_ID, 'tempfail'],
+      ['4jWnfw5jrjzJHgd', 'accept'],
+    ]);
   });
 
   test('the next packet is not handled before body() resolves', async () => {

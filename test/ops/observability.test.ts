@@ -40,6 +40,7 @@ let inbox: ProvisionedInbox;
 const responses: Record<string, Response> = {};
 const policyReplies: string[] = [];
 const milterReplies: string[] = [];
+const tooLargeReplies: string[] = [];
 let lmtpReplies: string[] = [];
 let downloaded = '';
 
@@ -141,6 +142,20 @@ before(async () => {
     reply = show(await mta.read(5000));
     milterReplies.push(reply);
   }
+  // A second message, refused by the milter itself (a header field too large): counted and logged
+  // like any verdict (until 2026-11-25 neither).
+  await envelope(mta, '<someone@sender.test>', [`<${address}>`]);
+  mta.macros('T', { i: 'OPSQUEUE2' });
+  mta.data();
+  assert.equal(show(await mta.read()), 'c');
+  mta.macros('L', { i: 'OPSQUEUE2' });
+  mta.header('X-Big', ` ${'b'.repeat(54_100)}`);
+  mta.macros('N', { i: 'OPSQUEUE2' });
+  mta.eoh();
+  tooLargeReplies.push(show(await mta.read()));
+  mta.macros('E', { i: 'OPSQUEUE2' });
+  mta.eob();
+  tooLargeReplies.push(show(await mta.read(5000)));
   mta.close();
 
   lmtpReplies = (
@@ -233,6 +248,24 @@ describe('metrics', () => {
       1,
     );
     assert.equal(moved('milter', 'inbox_milter_decision_seconds_count'), 1);
+    assert.deepEqual(
+      tooLargeReplies.map((r) => r.slice(0, 10)),
+      ['y552 5.3.4', 'y552 5.3.4'],
+    );
+    assert.equal(
+      moved('milter', 'inbox_mail_verdicts_total', {
+        daemon: 'milter',
+        stage: 'end_of_message',
+        verdict: 'reject',
+        reason: 'header_too_large',
+      }),
+      1,
+    );
+    assert.ok(
+      daemons.milter.lines.some(
+        (l) => l.msg === 'milter verdict' && l.queue_id === 'OPSQUEUE2' && l.reply === '552 5.3.4',
+      ),
+    );
   });
 
   test('lmtp: outcomes per recipient, store latency and bytes received', () => {

@@ -34,16 +34,26 @@ const NO_SUCH_INBOX: Verdict = { kind: 'reject', code: 555, dsn: '5.7.1', text: 
 
 /** A handler that records every connection and request; `decide` picks the verdict. */
 function recordingHandler(decide: (request: PolicyRequest) => Promise<Verdict>) {
-  const connections: { requests: PolicyRequest[]; closed: number; connection: PolicyConnection }[] = [];
+  const connections: {
+    requests: PolicyRequest[];
+    /** answered(): the recipient and what Postfix got ('none' for no reply). */
+    answers: [string, string][];
+    closed: number;
+    connection: PolicyConnection;
+  }[] = [];
   const handler: PolicyHandler = {
     connect() {
       const record = {
         requests: [] as PolicyRequest[],
+        answers: [] as [string, string][],
         closed: 0,
         connection: {
           decide(request: PolicyRequest) {
             record.requests.push(request);
             return decide(request);
+          },
+          answered(request: PolicyRequest, verdict: Verdict | null) {
+            record.answers.push([request.recipient, verdict === null ? 'none' : verdict.kind]);
           },
           close() {
             record.closed++;
@@ -124,12 +134,16 @@ async function droppedWithoutReply(server: PolicyServer, connections: { closed: 
 
 describe('policy server transcripts', () => {
   test('a known recipient is answered action=DUNNO and an unknown one action=555 5.7.1 svc: no such inbox', async () => {
-    const { handler } = recordingHandler(inboxRule);
+    const { handler, connections } = recordingHandler(inboxRule);
     const server = await startInet(handler);
     const client = new Client(server);
     assert.equal(await client.ask(rcpt('good@svc.test')), 'action=DUNNO\n\n');
     assert.equal(await client.ask(rcpt('nosuch@svc.test')), 'action=555 5.7.1 svc: no such inbox\n\n');
     assert.equal(client.received, 'action=DUNNO\n\naction=555 5.7.1 svc: no such inbox\n\n');
+    assert.deepEqual(connections[0]?.answers, [
+      ['good@svc.test', 'accept'],
+      ['nosuch@svc.test', 'reject'],
+    ]);
     client.socket.end();
     await client.closed;
   });
@@ -238,6 +252,8 @@ describe('policy server connections', () => {
     servers.push(server);
     const warning = await droppedWithoutReply(server, connections);
     assert.match(String(warning?.error), /longer than 200 ms/);
+    // The handler hears that Postfix got no reply (its metrics counted the late verdict until 2026-11-25).
+    assert.deepEqual(connections[0]?.answers, [['good@svc.test', 'none']]);
   });
 
   test('a request queued behind a failed decision is never answered', async () => {
