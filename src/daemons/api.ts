@@ -13,7 +13,7 @@
  * Security:     credentials are compared by SHA-256 only; unknown, malformed, foreign and purged
  *               credentials all answer the same 401; no message content or credential is logged.
  */
-import type { Server, ServerResponse } from 'node:http';
+import { createServer, type Server, type ServerResponse } from 'node:http';
 import type { DependencyContainer } from 'tsyringe';
 import type { Config } from '../config/config.ts';
 import { TOKENS } from '../container.ts';
@@ -29,12 +29,19 @@ export interface ApiServer {
   close(): Promise<void>;
 }
 
-export async function startApi(container: DependencyContainer, graceMs: number): Promise<ApiServer> {
-  const config = container.resolve<Config>(TOKENS.Config);
-  const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
-  const server = app.listen(config.apiPort, config.apiHost);
+/** The API's HTTP server, not yet listening (the tests' harness serves the API through it too). */
+export function createApiServer(services: HttpServices): Server {
+  // requireHostHeader off: the app answers a missing Host itself, with the contract's error body.
+  const server = createServer({ requireHostHeader: false }, createApp(services).callback());
   server.keepAliveTimeout = 65_000;
   answerClientErrors(server);
+  return server;
+}
+
+export async function startApi(container: DependencyContainer, graceMs: number): Promise<ApiServer> {
+  const config = container.resolve<Config>(TOKENS.Config);
+  const server = createApiServer(container.resolve<HttpServices>(TOKENS.HttpServices));
+  server.listen(config.apiPort, config.apiHost);
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);
     server.once('error', reject);

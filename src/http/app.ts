@@ -10,7 +10,7 @@
 import { randomUUID } from 'node:crypto';
 import Router from '@koa/router';
 import Koa, { type Context } from 'koa';
-import { noEndpoint } from '../core/errors.ts';
+import { invalidRequest, noEndpoint } from '../core/errors.ts';
 import { INBOX_ID } from '../core/ids.ts';
 import { errorMiddleware } from './error-middleware.ts';
 import { routeOf } from './request.ts';
@@ -37,7 +37,18 @@ export function createApp(services: HttpServices): Koa {
     await next();
   });
   app.use(errorMiddleware(services.log));
-  const router = new Router();
+  // RFC 9112 3.2: an HTTP/1.1 request without Host is a 400. Node's own was bodiless (the server lets
+  // it through to here: src/daemons/api.ts), this one is the contract's.
+  app.use(async (ctx, next) => {
+    if (ctx.req.httpVersion === '1.1' && ctx.req.headers.host === undefined) {
+      ctx.set('Connection', 'close');
+      throw invalidRequest('request', 'An HTTP/1.1 request needs a Host header.');
+    }
+    await next();
+  });
+  // Paths as the contract writes them: /v1/inboxes/{id}/EXTEND or a trailing slash is no endpoint
+  // (until 2026-11-25 both were served, a paid extend and a deletion-starting download among them).
+  const router = new Router({ sensitive: true, strict: true });
   registerServiceRoutes(router, services);
   registerInboxRoutes(router, services);
   registerMessageRoutes(router, services);

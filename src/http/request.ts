@@ -94,8 +94,11 @@ export function integerParameter(
   fallback: number,
 ): number {
   if (raw === undefined) return fallback;
-  if (!/^-?\d{1,16}$/.test(raw)) throw invalidRequest(field, `${field} must be an integer.`);
+  if (!/^-?\d+$/.test(raw)) throw invalidRequest(field, `${field} must be an integer.`);
   const value = Number(raw);
+  // An integer of any length is out of bounds, not "not an integer"; `got` as sent when a number
+  // would round it.
+  if (!Number.isSafeInteger(value)) throw outOfBounds(field, min, max, raw);
   if (value < min || value > max) throw outOfBounds(field, min, max, value);
   return value;
 }

@@ -274,3 +274,51 @@ test('a bad request pipelined behind one being carried out does not get that one
     server.close();
   }
 });
+
+test('an HTTP/1.1 request without Host gets the contract 400 body (Node answered a bare 400), and the connection closes', async () => {
+  const { text, closed } = await exchange(apiPort(), ['GET /v1/health HTTP/1.1\r\n\r\n']);
+  assert.ok(closed);
+  assert.match(text, /^HTTP\/1\.1 400 Bad Request\r\n/);
+  const body = JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4));
+  assert.deepEqual([body.error.code, body.error.details.field], ['invalid_request', 'request']);
+  // HTTP/1.0 needs none.
+  const old = await exchange(apiPort(), ['GET /v1/health HTTP/1.0\r\n\r\n']);
+  assert.match(old.text, /^HTTP\/1\.1 200 OK\r\n/);
+});
+
+test('paths are the contract paths exactly: another case or a trailing slash is 404 not_found, and does nothing', async () => {
+  const inbox = await h.provision();
+  const id = await h.deliver(inbox.inbox_id, 'Subject: x\r\n\r\nbody\r\n');
+  const base = h.config.publicBaseUrl;
+  const owner = { authorization: `Bearer ${inbox.credentials.owner}` };
+  for (const [method, path] of [
+    ['POST', `/v1/inboxes/${inbox.inbox_id}/EXTEND`],
+    ['POST', `/v1/inboxes/${inbox.inbox_id}/extend/`],
+    ['GET', `/V1/INBOXES/${inbox.inbox_id}`],
+    ['GET', `/v1/inboxes/${inbox.inbox_id}/`],
+    ['GET', `/v1/inboxes/${inbox.inbox_id}/messages/${id}/`],
+    ['GET', '/V1/HEALTH'],
+  ] as const) {
+    const response = await fetch(`${base}${path}`, { method, headers: owner });
+    assert.equal(response.status, 404, `${method} ${path}`);
+    assert.equal(((await response.json()) as { error: { code: string } }).error.code, 'not_found');
+  }
+  const status = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.owner });
+  assert.equal(status.json.expires_at, inbox.expires_at, 'no extend went through');
+  const [message] = (
+    await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, { token: inbox.credentials.reader })
+  ).json.messages;
+  assert.equal(message.downloaded_at, null, 'no download went through');
+});
+
+test('a poll limit that is an integer out of bounds is out_of_bounds however many digits it has', async () => {
+  const inbox = await h.provision();
+  for (const limit of ['99999999999999999', '-99999999999999999999']) {
+    const response = await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages?limit=${limit}`, {
+      token: inbox.credentials.reader,
+    });
+    assert.equal(response.status, 400);
+    assert.deepEqual(response.json.error.code, 'out_of_bounds');
+    assert.deepEqual(response.json.error.details, { field: 'limit', min: 1, max: 200, got: limit });
+  }
+});

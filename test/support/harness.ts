@@ -18,7 +18,7 @@ import type {
   OptOutStore,
   RejectionInput,
 } from '../../src/core/ports.ts';
-import { createApp } from '../../src/http/app.ts';
+import { createApiServer } from '../../src/daemons/api.ts';
 import type { HttpServices } from '../../src/http/services.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { FakeClock } from './clock.ts';
@@ -137,9 +137,9 @@ export async function startHarness(
     SECRET_KEY: env.SECRET_KEY ?? 'test-secret-key-0123456789abcdefghijklmnop',
   }) as Config & { secretKey: string };
   const container = buildContainer(config, { clock, log: options.log ?? (() => {}), poolSize: 10 });
-  const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
   const server: Server = await new Promise((resolve) => {
-    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+    const s = createApiServer(container.resolve<HttpServices>(TOKENS.HttpServices));
+    s.listen(0, '127.0.0.1', () => resolve(s));
   });
   const { port } = server.address() as AddressInfo;
   // The base URL is only known once listening; the services read it per request.
