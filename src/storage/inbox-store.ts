@@ -104,12 +104,17 @@ export class PgInboxStore implements InboxStore {
       // After the lock: an extend that waited behind the expiry job's batch must see its own time move.
       const now = clock();
       if (key) {
-        const replay = await client.query(
-          'SELECT response FROM extend_idempotency WHERE inbox_id = $1 AND key_hash = $2',
+        // The text as sent, when there is one (migration 20261204000000): jsonb reorders the keys.
+        const replay = await client.query<{ response_text: string | null; response: unknown }>(
+          'SELECT response_text, response FROM extend_idempotency WHERE inbox_id = $1 AND key_hash = $2',
           [inboxId, key],
         );
-        if (replay.rows[0])
-          return { kind: 'replayed' as const, response: replay.rows[0].response as unknown };
+        const stored = replay.rows[0];
+        if (stored) {
+          const response: unknown =
+            stored.response_text === null ? stored.response : JSON.parse(stored.response_text);
+          return { kind: 'replayed' as const, response };
+        }
       }
       const updated = await client.query<InboxRow>(
         `UPDATE inboxes i SET expires_at = expires_at + make_interval(secs => $2)
@@ -121,8 +126,9 @@ export class PgInboxStore implements InboxStore {
       const response = respond(toInbox(row), await this.usage(inboxId, now, client), now);
       if (key) {
         await client.query(
-          'INSERT INTO extend_idempotency (inbox_id, key_hash, response, created_at) VALUES ($1, $2, $3, $4)',
-          [inboxId, key, JSON.stringify(response), now],
+          `INSERT INTO extend_idempotency (inbox_id, key_hash, response, response_text, created_at)
+           VALUES ($1, $2, $3, $4, $5)`,
+          [inboxId, key, JSON.stringify(response), JSON.stringify(response), now],
         );
       }
       return { kind: 'extended' as const, response };
