@@ -77,6 +77,13 @@ export function openApiDocument() {
           operationId: 'health',
           responses: { '200': ok('service is up', ref('Health')), '500': error('internal') },
         },
+        head: {
+          operationId: 'healthHead',
+          responses: {
+            '200': { description: "health's headers, no body" },
+            '500': { description: 'internal' },
+          },
+        },
       },
       '/v1/openapi.json': {
         get: { operationId: 'openapi', responses: { '200': ok('this document', { type: 'object' }) } },
@@ -109,6 +116,21 @@ export function openApiDocument() {
             '400': error('invalid_request'),
             '429': rateLimited,
             ...common,
+          },
+        },
+        head: {
+          operationId: 'statusHead',
+          security: bearer,
+          parameters: [inboxIdParam],
+          responses: {
+            '200': {
+              description: "the status answer's headers, no body; counts against the status rate limit",
+            },
+            '400': { description: 'invalid_request' },
+            '401': { description: 'unauthorized' },
+            '410': { description: 'inbox_cancelled' },
+            '429': { description: 'rate_limited' },
+            '500': { description: 'internal' },
           },
         },
       },
@@ -174,8 +196,9 @@ export function openApiDocument() {
           ],
           responses: {
             '200': {
-              description: 'the download headers, no body; does not start the deletion timer',
-              headers: downloadHeaders,
+              description:
+                'the download headers, no body; does not start the deletion timer. With a satisfiable Range the status stays 200, with the range as Content-Length and Content-Range',
+              headers: { ...downloadHeaders, 'Content-Range': header('with a Range header: bytes a-b/size') },
             },
             '400': { description: 'invalid_request' },
             '401': { description: 'unauthorized' },

@@ -118,6 +118,23 @@ test('429 responses document Retry-After, and 416 documents Content-Range', () =
   assert.ok(download['206'].headers['Content-Range']);
 });
 
+test('every HEAD the server answers is described: status and health too, and a ranged inspect carries Content-Range', async () => {
+  const inbox = await h.provision();
+  // The harness's client checks each response against the document ("not documented" until 2026-11-25).
+  for (const path of [`/v1/inboxes/${inbox.inbox_id}`, '/v1/health']) {
+    assert.equal((await h.api.head(path, { token: inbox.credentials.reader })).status, 200, path);
+  }
+  const id = await h.deliver(inbox.inbox_id, 'Subject: r\r\n\r\n0123456789\r\n');
+  const ranged = await h.api.head(`/v1/inboxes/${inbox.inbox_id}/messages/${id}`, {
+    token: inbox.credentials.reader,
+    headers: { range: 'bytes=0-4' },
+  });
+  assert.equal(ranged.status, 200);
+  assert.match(ranged.headers.get('content-range') ?? '', /^bytes 0-4\/\d+$/);
+  const inspect = doc.paths['/v1/inboxes/{id}/messages/{msg_id}'].head.responses['200'];
+  assert.ok(inspect.headers['Content-Range']);
+});
+
 test('the download documents message/rfc822 and its headers; poll documents Cache-Control', () => {
   const download = doc.paths['/v1/inboxes/{id}/messages/{msg_id}'];
   for (const status of ['200', '206']) {
