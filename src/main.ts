@@ -71,13 +71,18 @@ async function main(argv: string[]): Promise<void> {
   const graceMs = config.shutdownGraceSeconds * 1000;
   const running: Running[] = [];
   let ops: Running | undefined;
-  const shutdown = async () => {
-    health.stop();
-    const timer = setTimeout(() => {
+  // From the moment stopping begins, whatever it waits for (a start step that hangs included).
+  let exitTimer: NodeJS.Timeout | undefined;
+  const exitAtTheLatest = () => {
+    exitTimer ??= setTimeout(() => {
       log({ level: 'error', msg: 'stopping took too long; exiting now' });
       process.exit(1);
     }, graceMs + 10_000);
-    timer.unref();
+    exitTimer.unref();
+  };
+  const shutdown = async () => {
+    health.stop();
+    exitAtTheLatest();
     // Postfix first, so no new delivery starts; then each daemon, the last started first, finishes what
     // it has in flight (sort is stable).
     const order = [...running].reverse();
@@ -101,6 +106,7 @@ async function main(argv: string[]): Promise<void> {
     const began = performance.now();
     log({ msg: 'stopping', signal, grace_seconds: config.shutdownGraceSeconds });
     health.stop();
+    exitAtTheLatest();
     await startup?.catch(() => {});
     await shutdown();
     log({ msg: 'stopped', ms: Math.round(performance.now() - began) });

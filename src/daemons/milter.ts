@@ -40,8 +40,9 @@ export async function startMilter(container: DependencyContainer, log: Log) {
   const metrics = container.resolve<Metrics>(TOKENS.Metrics);
   const replies = container.resolve<SmtpReplies>(TOKENS.SmtpReplies);
 
-  // Decision times by queue id, from end() to the answer (MilterHandler.answered), for the log line.
-  const decisionMs = new Map<string, number>();
+  // When end() began, by queue id, for the log line's time to the answer. answered() always follows an
+  // end() (the session answers every message it asked to end) and takes the entry out.
+  const endedAt = new Map<string, number>();
   const handler: MilterHandler = {
     beginMessage(envelope, headers) {
       const consumer = check.beginMessage(envelope, headers);
@@ -51,12 +52,11 @@ export async function startMilter(container: DependencyContainer, log: Log) {
         undelivered: () => consumer.undelivered(),
         end: async () => {
           const started = performance.now();
+          if (envelope.queueId) endedAt.set(envelope.queueId, started);
           try {
             return await consumer.end();
           } finally {
-            const ms = performance.now() - started;
-            metrics.milterDecision(ms / 1000);
-            if (envelope.queueId) decisionMs.set(envelope.queueId, ms);
+            metrics.milterDecision((performance.now() - started) / 1000);
           }
         },
       };
@@ -67,8 +67,9 @@ export async function startMilter(container: DependencyContainer, log: Log) {
       const kind = verdict?.kind ?? 'error';
       const reason = verdict ? milterReason(verdict) : 'internal';
       metrics.verdict('milter', STAGE, kind, reason);
-      const ms = decisionMs.get(message.queueId);
-      decisionMs.delete(message.queueId);
+      const began = endedAt.get(message.queueId);
+      endedAt.delete(message.queueId);
+      const ms = began === undefined ? undefined : performance.now() - began;
       log({
         ...(kind === 'error' ? { level: 'warn' as const } : {}),
         msg: 'milter verdict',

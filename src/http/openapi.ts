@@ -87,6 +87,10 @@ export function openApiDocument() {
       },
       '/v1/openapi.json': {
         get: { operationId: 'openapi', responses: { '200': ok('this document', { type: 'object' }) } },
+        head: {
+          operationId: 'openapiHead',
+          responses: { '200': { description: "this document's headers" } },
+        },
       },
       '/v1/inboxes': {
         post: {

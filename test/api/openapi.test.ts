@@ -121,7 +121,7 @@ test('429 responses document Retry-After, and 416 documents Content-Range', () =
 test('every HEAD the server answers is described: status and health too, and a ranged inspect carries Content-Range', async () => {
   const inbox = await h.provision();
   // The harness's client checks each response against the document ("not documented" until 2026-11-25).
-  for (const path of [`/v1/inboxes/${inbox.inbox_id}`, '/v1/health']) {
+  for (const path of [`/v1/inboxes/${inbox.inbox_id}`, '/v1/health', '/v1/openapi.json']) {
     assert.equal((await h.api.head(path, { token: inbox.credentials.reader })).status, 200, path);
   }
   const id = await h.deliver(inbox.inbox_id, 'Subject: r\r\n\r\n0123456789\r\n');

@@ -5,10 +5,12 @@
  * (LMTP: 421), never a lost or half-stored message.
  */
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import net from 'node:net';
 import { after, afterEach, before, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { LmtpClient } from '../lmtp/lmtp-client.ts';
 import { envelope, MtaClient, show } from '../milter/mta-client.ts';
@@ -24,6 +26,7 @@ import {
 } from './daemon-process.ts';
 import { type HeldDns, startHeldDns } from './held-dns.ts';
 
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 let database: TestDatabase;
 let db: pg.Client;
 const daemons: DaemonProcess[] = [];
@@ -307,5 +310,34 @@ test('jobs: a batch in flight at SIGTERM commits, the job stops before its next 
     assert.equal(ran?.complete, false);
   } finally {
     await locker.end();
+  }
+});
+
+test('a SIGTERM while start-up hangs (a database that accepts and never answers) still exits within the grace plus 10 s', {
+  timeout: 40_000,
+}, async () => {
+  const silent = net.createServer(() => {}); // accepts, never answers
+  silent.listen(0, '127.0.0.1');
+  await once(silent, 'listening');
+  const port = (silent.address() as net.AddressInfo).port;
+  try {
+    const env = daemonEnv(`postgres://postgres@127.0.0.1:${port}/x`, { SHUTDOWN_GRACE_SECONDS: '1' });
+    const child = spawn(process.execPath, ['src/main.ts', 'policy'], { cwd: ROOT, env, stdio: 'pipe' });
+    let output = '';
+    child.stdout.on('data', (data: Buffer) => {
+      output += data.toString();
+    });
+    const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+    await sleep(2000);
+    child.kill('SIGTERM');
+    const began = Date.now();
+    const code = await Promise.race([exited, sleep(20_000).then(() => 'hung' as const)]);
+    if (code === 'hung') child.kill('SIGKILL');
+    // Until 2026-11-25 the stop waited for the hung start step, with no limit.
+    assert.notEqual(code, 'hung', output);
+    assert.ok(Date.now() - began < 1000 + 10_000 + 2000, `${Date.now() - began} ms`);
+    assert.match(output, /"msg":"stopping"/);
+  } finally {
+    silent.close();
   }
 });
