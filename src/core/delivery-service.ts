@@ -22,13 +22,17 @@
  *   `observe` (metrics), whose failure is ignored;
  * - at most maxParallelStores inbox stores run at once in this service (each holds a database connection
  *   while its bytes arrive, and a tee waiting for a store that waits for a connection would never move).
- *   Distinct inboxes of one delivery beyond that bound get 452 4.5.3; Postfix sends them again.
+ *   Distinct inboxes of one delivery beyond that bound get 452 4.5.3; Postfix sends them again;
+ * - a message of at most readAheadBytes (the store's chunk, which it stores whole) is read to its end
+ *   before it takes a store slot: a peer that stalls in the middle of one holds no slot (eight such
+ *   peers held every slot, and every other delivery of the process waited, until smtp-server's 60 s
+ *   socket timeout). A larger message holds its slots while it streams.
  */
 import type { Readable } from 'node:stream';
 import type { Log } from '../log.ts';
 import { readAuthentication } from './authentication-results.ts';
 import type { Clock } from './clock.ts';
-import { type BodyTee, readHead, Slots, teeBody } from './delivery-streams.ts';
+import { type BodyTee, readAhead, readHead, Slots, teeBody } from './delivery-streams.ts';
 import { randomBase32 } from './ids.ts';
 import { inboxIdOf } from './mail-address.ts';
 import { MAX_HEADER_BYTES, type MessageSummary, summarizeMessage } from './message-summary.ts';
@@ -55,6 +59,8 @@ export interface DeliverySettings {
   maxParallelStores?: number;
   /** A store that holds the others back this long is given up (451) so they go on (default 60 s). */
   stallMs?: number;
+  /** Bytes read before taking store slots (default 256 KiB + 1: storage's CHUNK_BYTES, one more). */
+  readAheadBytes?: number;
 }
 
 /** An accept carries the text after `250` for the log of the peer (Postfix's `status=sent (...)`). */
@@ -88,6 +94,8 @@ export const DEFAULT_PARALLEL_STORES = 8;
 /** Postfix queue ids are alphanumeric (long ids: up to 16 characters); anything printable is taken. */
 const QUEUE_ID = /^[\x21-\x7e]{1,64}$/;
 const DEFAULT_STALL_MS = 60_000;
+/** storage/message-store.ts CHUNK_BYTES and one byte (a test ties them). */
+export const DEFAULT_READ_AHEAD_BYTES = 256 * 1024 + 1;
 
 export class DeliveryService {
   readonly #store: MessageStore;
@@ -98,6 +106,7 @@ export class DeliveryService {
   readonly #authservId: string;
   readonly #maxHeaderBytes: number;
   readonly #stallMs: number;
+  readonly #readAheadBytes: number;
   readonly #slots: Slots;
   readonly #observe: (report: DeliveryReport) => void;
 
@@ -117,6 +126,7 @@ export class DeliveryService {
     this.#authservId = settings.authservId.toLowerCase();
     this.#maxHeaderBytes = settings.maxHeaderBytes ?? MAX_HEADER_BYTES;
     this.#stallMs = settings.stallMs ?? DEFAULT_STALL_MS;
+    this.#readAheadBytes = settings.readAheadBytes ?? DEFAULT_READ_AHEAD_BYTES;
     this.#slots = new Slots(Math.max(1, settings.maxParallelStores ?? DEFAULT_PARALLEL_STORES));
   }
 
@@ -153,8 +163,9 @@ export class DeliveryService {
     try {
       const head = await readHead(source, this.#maxHeaderBytes);
       const summary = this.#summarize(head.bytes, envelopeFrom, queueId);
+      const ahead = storing.length > 0 ? await readAhead(head, source, this.#readAheadBytes) : head;
       const now = this.#clock.now();
-      tee = teeBody(head, source, storing.length, this.#stallMs, (i) =>
+      tee = teeBody(ahead, source, storing.length, this.#stallMs, (i) =>
         this.#log({
           level: 'warn',
           msg: 'store stalled; deferring',

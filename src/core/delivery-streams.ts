@@ -56,6 +56,32 @@ export async function readHead(source: AsyncIterator<Buffer>, maxBytes: number):
   }
 }
 
+/**
+ * Reads on past `head` until `limit` bytes are in or the source ends: the head it returns holds them
+ * all (no leftover). Its use: a message that fits in one store chunk is read whole before it takes a
+ * store slot, so a peer that stalls in the middle of one holds no slot (core/delivery-service.ts).
+ */
+export async function readAhead(head: Head, source: AsyncIterator<Buffer>, limit: number): Promise<Head> {
+  if (head.done || head.bytes.length + (head.leftover?.length ?? 0) >= limit) return head;
+  const pieces = [head.bytes, ...(head.leftover ? [head.leftover] : [])];
+  let length = pieces.reduce((sum, piece) => sum + piece.length, 0);
+  let done = false;
+  while (length < limit) {
+    const next = await source.next();
+    if (next.done) {
+      done = true;
+      break;
+    }
+    pieces.push(next.value);
+    length += next.value.length;
+  }
+  return {
+    bytes: pieces.length === 1 ? (pieces[0] as Buffer) : Buffer.concat(pieces, length),
+    leftover: null,
+    done,
+  };
+}
+
 /** Thrown to a branch that kept the others waiting longer than the stall bound. */
 export class StalledError extends Error {
   constructor(ms: number) {

@@ -7,9 +7,11 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { createTransport } from 'nodemailer';
 import pg from 'pg';
+import { DEFAULT_READ_AHEAD_BYTES } from '../../src/core/delivery-service.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { LmtpServer } from '../../src/lmtp/server.ts';
 import type { LogLine } from '../../src/log.ts';
+import { CHUNK_BYTES } from '../../src/storage/message-store.ts';
 import { iso } from '../support/assertions.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverRaw, LmtpClient } from './lmtp-client.ts';
@@ -561,6 +563,41 @@ test('distinct inboxes beyond maxParallelStores are answered 452 4.5.3, so Postf
   } finally {
     await server.close();
   }
+});
+
+test('peers that stall in the middle of small messages hold no store slot: an unrelated delivery is answered at once', async () => {
+  const [a, b] = [await h.provision(), await h.provision()];
+  const server = await startTestReceiver(h, { settings: { maxParallelStores: 2 } });
+  const stalled: LmtpClient[] = [];
+  try {
+    const port = server.port as number;
+    for (let i = 0; i < 2; i++) {
+      const client = await LmtpClient.connect({ port });
+      await client.command('LHLO postfix.test');
+      await client.command(`XFORWARD IDENT=${ident()}`);
+      await client.command('MAIL FROM:<a@example.org>');
+      await client.command(`RCPT TO:<${a.address}>`);
+      await client.command('DATA');
+      await client.write('Subject: stalled\r\n\r\nthe first line, and nothing more\r\n');
+      stalled.push(client);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const began = Date.now();
+    const { replies } = await deliverRaw(
+      { port },
+      { ident: ident(), from: 'x@example.org', to: [b.address], body: 'Subject: ok\r\n\r\nhi\r\n' },
+    );
+    // Until 2026-11-25 it waited for smtp-server's 60 s socket timeout to free the stalled peers' slots.
+    assert.ok(Date.now() - began < 5_000, `${Date.now() - began} ms`);
+    assert.match(replies[0] as string, /^250 2\.0\.0 msg_\w+ stored$/);
+  } finally {
+    for (const client of stalled) client.destroy();
+    await server.close();
+  }
+});
+
+test('the read-ahead before a store slot is the store chunk and one byte, so a whole message is read whole', () => {
+  assert.equal(DEFAULT_READ_AHEAD_BYTES, CHUNK_BYTES + 1);
 });
 
 test('a store held back by a lock past the stall bound is deferred with 451; the other recipient is stored', async () => {
