@@ -82,7 +82,7 @@ export class MailauthAuthenticator implements Authenticator {
       ),
     );
     const results = evaluated.flatMap((v) => (v ? [v] : []));
-    if (results.some((v) => v.status.result === 'fail' && v.policy === 'reject'))
+    if (results.some((v) => v.status.result === 'fail' && enforcedPolicy(v) === 'reject'))
       return { domains, dmarc: { result: 'fail', policy: 'reject' } };
     const temperror = results.some((v) => v.status.result === 'temperror');
     return {
@@ -124,7 +124,7 @@ export class MailauthAuthenticator implements Authenticator {
       ...(several?.unverifiable && { unverifiableAuthor: true }),
       dmarc: several?.dmarc ?? {
         result: dmarc ? dmarc.status.result : 'none',
-        policy: dmarc ? dmarc.policy : null,
+        policy: dmarc ? enforcedPolicy(dmarc) : null,
       },
       alignedDkimPass: (result.dkim.results ?? []).some(
         (r) => r.status.result === 'pass' && r.status.aligned,
@@ -132,6 +132,16 @@ export class MailauthAuthenticator implements Authenticator {
       headerValue: authResultsValue(result.headers),
     };
   }
+}
+
+/**
+ * The policy as published, before mailauth lowers it for `t=y` (RFC 9989's test mode: `reject` read
+ * as `quarantine`, `quarantine` as `none`). The contract refuses mail failing DMARC for a domain with
+ * policy `p=reject` (sections 2 and 4) and has no test mode; until 2026-11-25 such mail was delivered.
+ */
+function enforcedPolicy(verdict: { policy?: string | null; testMode?: boolean }): string | null {
+  const policy = verdict.policy ?? null;
+  return verdict.testMode && policy === 'quarantine' ? 'reject' : policy;
 }
 
 /**

@@ -33,6 +33,9 @@ before(async () => {
   const txt = testZone().records.txt as Record<string, string>;
   txt['_dmarc.flaky.example'] = 'v=DMARC1; p=reject';
   txt['flaky.example'] = 'v=spf1 ip4:192.0.2.1 -all';
+  // RFC 9989's test mode: the contract has none, p=reject is enforced.
+  txt['_dmarc.testing.example'] = 'v=DMARC1; p=reject; t=y';
+  txt['testing.example'] = 'v=spf1 ip4:192.0.2.1 -all';
   s = await startMailStack();
 });
 after(() => s?.close());
@@ -281,6 +284,16 @@ test('DMARC failure under p=reject (strict.test) answers 550 5.7.1 DMARC checks 
     await s.postfix.maillog(),
     /milter-reject: END-OF-MESSAGE .*: 5\.7\.1 DMARC checks failed; from=<ceo@strict\.test>/,
   );
+});
+
+test('DMARC failure under p=reject with t=y (test mode) is refused all the same: 550, nothing stored', async () => {
+  const inbox = await s.provision();
+  const message = plainMessage({ to: inbox.address, from: 'ceo@testing.example' });
+  const replies = await s.send({ from: 'ceo@testing.example', to: [inbox.address], message });
+  // Until 2026-11-25 mailauth's lowering to quarantine let it through.
+  assert.equal(replies.end?.text, '550 5.7.1 DMARC checks failed');
+  const r = await s.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, { token: inbox.credentials.owner });
+  assert.deepEqual(r.json.messages, []);
 });
 
 test('a body altered after signing gets dkim neutral; with SPF aligned DMARC still passes and it arrives', async () => {
