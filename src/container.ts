@@ -215,6 +215,7 @@ function deliveryMetrics(report: DeliveryReport) {
       no_such_inbox: outcome('accept', report.discarded),
       inbox_cancelled: outcome('accept', report.cancelled),
       inbox_expired: outcome('accept', report.expired),
+      reservation_released: outcome('accept', report.released),
       store_failed: outcome('defer', report.failed),
       too_many_recipients: outcome('defer', report.tooMany),
     },

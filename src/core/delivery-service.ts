@@ -79,6 +79,8 @@ export interface DeliveryReport {
   /** Not kept and answered 250: the inbox was cancelled, or had expired (MessageStore.store). */
   cancelled: number;
   expired: number;
+  /** Not kept and answered 250: the release job had given up the message's reservation. */
+  released: number;
   /** Deferred (451): the store failed. */
   failed: number;
   /** Deferred (452): more inboxes than stores allowed at once. */
@@ -232,6 +234,7 @@ export class DeliveryService {
       discarded: count('discarded') + inboxOf.filter((id) => id === null).length,
       cancelled: count('cancelled'),
       expired: count('expired'),
+      released: count('released'),
       failed: count('failed'),
       tooMany: count('too_many'),
       bytes,
@@ -247,6 +250,7 @@ export class DeliveryService {
       discarded: report.discarded,
       cancelled: report.cancelled,
       expired: report.expired,
+      released: report.released,
       deferred: report.failed + report.tooMany,
       bytes,
       ms: report.ms,
@@ -308,6 +312,8 @@ export class DeliveryService {
       case 'cancelled':
       case 'expired':
         return { kind: 'accept', dsn: '2.0.0', text: `${outcome.messageId} not kept: inbox ${outcome.kind}` };
+      case 'released':
+        return { kind: 'accept', dsn: '2.0.0', text: `${outcome.messageId} not kept: reservation released` };
       case 'discarded':
         return { kind: 'accept', dsn: '2.0.0', text: 'not stored: no such inbox' };
       case 'too_many':

@@ -222,7 +222,7 @@ export interface ListWindow {
  */
 /** What a delivery into one inbox came to (MessageStore.store). */
 export interface StoreOutcome {
-  kind: 'stored' | 'duplicate' | 'cancelled' | 'expired';
+  kind: 'stored' | 'duplicate' | 'cancelled' | 'expired' | 'released';
   messageId: string;
 }
 
@@ -251,7 +251,8 @@ export interface MessageStore {
    * Streams the body into chunks and makes the message visible at the next event position, all in one
    * transaction. A queue id already stored for this inbox is a 'duplicate' and stores nothing; so is
    * a delivery into an inbox cancelled, or expired more than a minute ago ('cancelled', 'expired':
-   * the chunks written are removed in the same transaction).
+   * the chunks written are removed in the same transaction), or into a row the cancel, the expiry
+   * sweep or the reservation release already deleted (the same kinds, and 'released').
    * The body iterable is consumed exactly once, chunk by chunk; memory is bounded by the chunk size.
    */
   store(delivery: Delivery, body: AsyncIterable<Buffer>): Promise<StoreOutcome>;

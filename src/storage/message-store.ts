@@ -188,7 +188,13 @@ export class PgMessageStore implements MessageStore {
         for await (const _ of body) {
           // drain: the caller's stream must be consumed even when nothing is stored
         }
-        return { kind: 'duplicate' as const, messageId: row.out_message_id };
+        const [repeat] = await db.rows<{ kind: StoreOutcome['kind'] | null }>(
+          'delivery-repeat',
+          'SELECT repeat_delivery_kind($1, $2, $3) AS kind',
+          [d.inboxId, row.out_message_id, row.out_state],
+          client,
+        );
+        return { kind: repeat?.kind ?? 'duplicate', messageId: row.out_message_id };
       }
       // NULL for the content digest, no longer computed (store-batch.ts).
       const { size } = await copyChunks(client, d.inboxId, row.out_message_id, body, CHUNK_BYTES);

@@ -103,8 +103,9 @@ describe('a message reserved before expiry and delivered after it', () => {
       assert.equal((await footprint(h, storeFirst.inbox_id)).chunks, 0);
 
       await testJobs(h).run('expire-inboxes');
-      // The sweep came first for the other inbox: its late store is a duplicate.
-      assert.equal((await store(h, sweepFirst, `QW${kind}`, data)).kind, 'duplicate');
+      // The sweep came first for the other inbox: its late store keeps nothing and says it expired
+      // (it said `duplicate`, "already stored", until 2026-11-25).
+      assert.equal((await store(h, sweepFirst, `QW${kind}`, data)).kind, 'expired');
 
       for (const inbox of [storeFirst, sweepFirst]) {
         const final = await status(h, inbox);
@@ -156,7 +157,7 @@ describe('a receiver whose clock runs ahead of the API', () => {
 describe('a delivery after its reservation was released', () => {
   const harness = withHarness({ QUOTA_BYTES: '10000', RESERVATION_TTL_SECONDS: '600', GONE_SECONDS: '600' });
 
-  test('is dropped (answered as a duplicate, nothing stored), also after drop-tombstones has run', async () => {
+  test('is dropped (answered as released, nothing stored), also after drop-tombstones has run', async () => {
     const h = harness();
     const inbox = await h.provision();
     const jobs = testJobs(h);
@@ -169,7 +170,7 @@ describe('a delivery after its reservation was released', () => {
     await jobs.run('drop-tombstones');
 
     const late = await store(h, inbox, 'QLATE', Buffer.alloc(7_000, 'x'));
-    assert.equal(late.kind, 'duplicate');
+    assert.equal(late.kind, 'released');
     const after = await status(h, inbox);
     assert.equal(after.message_count, 1);
     assert.equal(after.quota_used_bytes, 9_000);

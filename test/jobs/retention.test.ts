@@ -174,7 +174,7 @@ test('a reservation still in flight RESERVATION_TTL_SECONDS after it was made is
       yield Buffer.from('Subject: late\r\n\r\nlate\r\n');
     })(),
   );
-  assert.equal(late.kind, 'duplicate');
+  assert.equal(late.kind, 'released');
   assert.equal((await poll(inbox)).messages.length, 0);
   assert.equal((await jobs.run('release-reservations')).counts.reservations, 0, 'a second run does nothing');
 });

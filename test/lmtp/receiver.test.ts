@@ -206,7 +206,22 @@ test('a delivery into an inbox that has ended is answered 250 saying so, never "
     [line?.stored, line?.cancelled, line?.expired, line?.discarded],
     [1, 1, 1, 0],
     JSON.stringify(line),
+  ); // Postfix's redelivery of the queue id (its reply lost) says the same, not "already stored" (until
+  // 2026-11-25 the cancelled one did).
+  const again = await deliverRaw(
+    { port },
+    {
+      ident: queueId,
+      from: 'a@example.org',
+      to: [address(cancelled), address(expired), address(live)],
+      body: 'Subject: late\r\n\r\nbody\r\n',
+    },
   );
+  assert.deepEqual(again.replies, [
+    `250 2.0.0 ${idIn(cancelled)} not kept: inbox cancelled`,
+    `250 2.0.0 ${idIn(expired)} not kept: inbox expired`,
+    `250 2.0.0 ${idIn(live)} already stored`,
+  ]);
 });
 
 test('authentication comes only from our Authentication-Results on the first line', async () => {

@@ -1,6 +1,7 @@
 /**
  * A delivery that completes after its inbox was cancelled keeps nothing. With its reservation still
- * there, the cancel already made it a tombstone and the store answers `duplicate`. Without one (released
+ * there, the cancel already made it a tombstone and the store answers `cancelled` (`duplicate`,
+ * "already stored", until 2026-11-25). Without one (released
  * by the job after a long queue delay) the store inserts the message itself, and finish_delivery
  * (migration 20261128000000) deletes it in the same step: the store says 'cancelled' (the receiver
  * answers 250 saying so), the message is a 'cancelled' tombstone with no bytes kept, and the inbox
@@ -74,7 +75,7 @@ for (const [kind, size] of [
   });
 }
 
-test("a message reserved before its inbox was cancelled is a duplicate of the cancel's tombstone: nothing stored", async () => {
+test("a message reserved before its inbox was cancelled finds the cancel's tombstone: cancelled, nothing stored", async () => {
   const inbox = await h.provision();
   const messages = new PgMessageStore(db);
   const now = new Date();
@@ -103,7 +104,7 @@ test("a message reserved before its inbox was cancelled is a duplicate of the ca
     pieces(Buffer.from('late')),
   );
 
-  assert.deepEqual(stored, { kind: 'duplicate', messageId: 'msg_cancelled_reserved' });
+  assert.deepEqual(stored, { kind: 'cancelled', messageId: 'msg_cancelled_reserved' });
   const chunks = await db.rows('test-cancelled-chunks', 'SELECT 1 FROM message_chunks WHERE inbox_id = $1', [
     inbox.inbox_id,
   ]);
