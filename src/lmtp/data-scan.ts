@@ -65,28 +65,47 @@ function feedDataStream(this: StreamState, chunk: Buffer, done: Done): void {
     return dataStream.writable ? dataStream.write(bytes) : true;
   };
   if (held) emit(held);
-  // A dot at index >= 2 (the original's first) that follows an LF, up to the last index with two bytes after it.
+  // `start`: the bytes before it are dealt with. After a stuffing dot is dropped, the rest of the piece is
+  // scanned on as the original would scan it as a new piece (from its index 1), in this same call:
+  // until 2026-11-25 each rest went through setImmediate and the whole entry again, so a message of
+  // short dot-led lines took 18 times as long as one without (1 MB: 2.2 s against 0.12 s).
+  let start = 0;
+  // What goes before `start`, without its stuffing dots: written as one piece (a write per line made
+  // every later step pay per line too), or, with no dot dropped, the piece's own bytes uncopied.
+  const kept: Buffer[] = [];
+  const upTo = (end: number) => {
+    const last = chunk.subarray(start, end);
+    return kept.length === 0 ? last : Buffer.concat([...kept, last]);
+  };
+  // A dot at index >= 2 of the piece from `start` (the original's first) that follows an LF, up to the
+  // last index with two bytes after it.
   for (
-    let lf = chunk.indexOf(LF_DOT, 1);
+    let lf = chunk.indexOf(LF_DOT, start + 1);
     lf !== -1 && lf + 1 <= chunk.length - 3;
     lf = chunk.indexOf(LF_DOT, lf + 1)
   ) {
     const dot = lf + 1;
     if (chunk[dot - 2] === CR && chunk[dot + 1] === CR && chunk[dot + 2] === LF) {
-      const body = chunk.subarray(0, dot);
+      const body = upTo(dot);
       this._countDataBytes(body.length);
       this._endDataMode(body, chunk.subarray(dot + 3), done);
       return;
     }
     if (chunk[dot + 1] === DOT) {
-      emit(chunk.subarray(0, dot));
-      const rest = chunk.subarray(dot + 1);
-      setImmediate(() => this._feedDataStream(rest, done));
-      return;
+      kept.push(chunk.subarray(start, dot));
+      start = dot + 1;
+      // A rest too short for this scanner goes to the original, as a new piece of it would.
+      if (chunk.length - start < MIN_PIECE) {
+        emit(Buffer.concat(kept));
+        dataScanStats.handedOver++;
+        original.call(this, chunk.subarray(start), done);
+        return;
+      }
+      lf = start; // the next search starts at start + 1
     }
   }
   this._lastBytes = chunk.subarray(chunk.length - 4);
-  if (emit(chunk.subarray(0, chunk.length - 4)) || dataStream.destroyed) {
+  if (emit(upTo(chunk.length - 4)) || dataStream.destroyed) {
     done();
     return;
   }
