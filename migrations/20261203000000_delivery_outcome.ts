@@ -54,19 +54,6 @@ const FINISH = `
     END
     $fn$;`;
 
-/**
- * What a delivery of a queue id the inbox already has a row for came to: a row the cancel, the
- * expiry sweep or the reservation release deleted kept nothing of this delivery either ('cancelled',
- * 'expired', 'released'); any other is a redelivery of what was stored ('duplicate').
- */
-const REPEAT = `
-    CREATE FUNCTION repeat_delivery_kind(p_inbox_id text, p_message_id text, p_state text)
-    RETURNS text LANGUAGE sql STABLE AS $fn$
-      SELECT CASE WHEN p_state = 'deleted' AND m.deleted_reason IN ('cancelled', 'expired', 'released')
-                  THEN m.deleted_reason ELSE 'duplicate' END
-        FROM messages m WHERE m.inbox_id = p_inbox_id AND m.message_id = p_message_id
-    $fn$;`;
-
 const STORE = `
     CREATE FUNCTION store_whole_message_outcome(
       p_inbox_id text, p_new_message_id text, p_queue_id text, p_envelope_from text, p_now timestamptz,
@@ -80,7 +67,7 @@ const STORE = `
       SELECT b.out_message_id, b.out_state INTO out_message_id, v_state
         FROM begin_delivery(p_inbox_id, p_new_message_id, p_queue_id, p_envelope_from, p_now) b;
       IF v_state <> 'in_flight' THEN
-        out_kind := coalesce(repeat_delivery_kind(p_inbox_id, out_message_id, v_state), 'duplicate');
+        out_kind := 'duplicate';
         RETURN;
       END IF;
       IF octet_length(p_data) > 0 THEN
@@ -110,10 +97,8 @@ const STORE = `
         SELECT b.out_message_id, b.out_state INTO v_id, v_state
           FROM begin_delivery(p_inbox_id, p_new_message_ids[i], p_queue_ids[i], p_envelope_froms[i], p_nows[i]) b;
         -- A queue id seen earlier in this batch is that message's duplicate, as it would be after it.
-        v_kinds := v_kinds || CASE WHEN v_state = 'in_flight' AND NOT (v_id = ANY (v_ids)) THEN 'stored'
-                                   WHEN v_state <> 'in_flight'
-                                   THEN coalesce(repeat_delivery_kind(p_inbox_id, v_id, v_state), 'duplicate')
-                                   ELSE 'duplicate' END;
+        v_kinds := v_kinds || CASE WHEN v_state = 'in_flight' AND NOT (v_id = ANY (v_ids))
+                                   THEN 'stored' ELSE 'duplicate' END;
         v_ids := v_ids || v_id;
       END LOOP;
       FOR i IN 1 .. v_count LOOP
@@ -137,7 +122,6 @@ const STORE = `
 
 export async function up(knex: Knex): Promise<void> {
   await knex.raw(`${FINISH}
-${REPEAT}
 ${STORE}`);
 }
 
@@ -148,6 +132,5 @@ export async function down(knex: Knex): Promise<void> {
     DROP FUNCTION store_whole_message_outcome(text, text, text, text, timestamptz, bytea, integer, bytea,
       text, text, text, text, jsonb);
     DROP FUNCTION finish_delivery_outcome(${ARGUMENT_TYPES});
-    DROP FUNCTION repeat_delivery_kind(text, text, text);
   `);
 }

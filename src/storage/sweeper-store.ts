@@ -6,7 +6,8 @@
  * being marked or another sweeper's batch is never waited for; what is skipped is taken by a later batch.
  * Marking a message deleted and freeing its chunks happen in one transaction, the chunks after the mark:
  * a concurrent store either finished first (its chunks are then visible and freed) or finds the row
- * deleted and stores nothing (MessageStore.store answers 'duplicate').
+ * deleted and stores nothing (MessageStore.store answers 'duplicate', or 'expired' / 'released' for a
+ * row that was never stored).
  */
 import { createHash } from 'node:crypto';
 import type pg from 'pg';

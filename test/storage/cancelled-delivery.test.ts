@@ -172,3 +172,30 @@ test('the functions a receiver started before migration 20261203000000 calls kee
   );
   assert.deepEqual(left, { chunks: 0 });
 });
+
+test('a message stored, then deleted by the cancel, and delivered again (its 250 lost) is a duplicate, not cancelled', async () => {
+  const inbox = await h.provision();
+  const messages = new PgMessageStore(db);
+  const queueId = 'QCXSTOREDFIRST';
+  const stored = await h.deliver(inbox.inbox_id, 'Subject: first\r\n\r\nfirst\r\n', { queueId });
+  assert.ok(await new PgInboxStore(db).cancel(inbox.inbox_id, new Date()));
+  for (const size of [100, 2 * CHUNK_BYTES + 1]) {
+    const again = await messages.store(
+      {
+        inboxId: inbox.inbox_id,
+        queueId,
+        envelopeFrom: 's@example.test',
+        now: new Date(),
+        summary: {
+          fromName: null,
+          fromAddress: null,
+          subject: null,
+          internetMessageId: null,
+          authentication: null,
+        },
+      },
+      pieces(randomBytes(size)),
+    );
+    assert.deepEqual(again, { kind: 'duplicate', messageId: stored }, `size ${size}`);
+  }
+});
