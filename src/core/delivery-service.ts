@@ -180,11 +180,10 @@ export class DeliveryService {
       try {
         await Promise.all(
           storing.map((inboxId, i) =>
-            this.#store
-              .store(
-                { inboxId, queueId, envelopeFrom, summary, now },
-                body.branches[i] as AsyncIterable<Buffer>,
-              )
+            this.#storeWithin(
+              { inboxId, queueId, envelopeFrom, summary, now },
+              body.branches[i] as AsyncIterable<Buffer>,
+            )
               .then(
                 (stored): Outcome => stored,
                 (error: unknown): Outcome => this.#failure(error, queueId, inboxId),
@@ -263,6 +262,37 @@ export class DeliveryService {
     return verdicts;
   }
 
+  /**
+   * One inbox's store, given up (451) when it has not finished stallMs after its body was all read: a
+   * database that stops answering without closing its connections (a hung server, a stalled disk)
+   * otherwise left the delivery unanswered and its slot taken for as long as it hung. The store itself
+   * may still finish later; Postfix's redelivery is then a duplicate.
+   */
+  #storeWithin(delivery: Parameters<MessageStore['store']>[0], body: AsyncIterable<Buffer>) {
+    let timer: NodeJS.Timeout | undefined;
+    let start: () => void = () => {};
+    const overdue = new Promise<never>((_, reject) => {
+      start = () => {
+        timer ??= setTimeout(() => reject(new StoreOverdue(this.#stallMs)), this.#stallMs);
+      };
+    });
+    overdue.catch(() => {});
+    const watched: AsyncIterable<Buffer> = {
+      [Symbol.asyncIterator]: () => {
+        const it = body[Symbol.asyncIterator]();
+        return {
+          next: async () => {
+            const result = await it.next();
+            if (result.done) start();
+            return result;
+          },
+          return: async () => (it.return ? it.return() : { value: undefined, done: true }),
+        };
+      },
+    };
+    return Promise.race([this.#store.store(delivery, watched), overdue]).finally(() => clearTimeout(timer));
+  }
+
   /** The inbox id of `<inbox_id>@<mail domain>` (both compared lowercased), else null. */
   /** The summary and authentication verdict; a parser bug degrades to the envelope, never to a 4xx loop. */
   #summarize(head: Buffer, envelopeFrom: string, queueId: string): DeliverySummary {
@@ -321,6 +351,13 @@ export class DeliveryService {
       case 'failed':
         return this.#replies.storeFailed;
     }
+  }
+}
+
+/** A store still unfinished stallMs after its body was read (DeliveryService#storeWithin). */
+export class StoreOverdue extends Error {
+  constructor(ms: number) {
+    super(`store did not finish within ${ms} ms of reading its body`);
   }
 }
 

@@ -9,6 +9,7 @@ import { createTransport } from 'nodemailer';
 import pg from 'pg';
 import { DEFAULT_READ_AHEAD_BYTES } from '../../src/core/delivery-service.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import type { MessageStore } from '../../src/core/ports.ts';
 import type { LmtpServer } from '../../src/lmtp/server.ts';
 import type { LogLine } from '../../src/log.ts';
 import { CHUNK_BYTES } from '../../src/storage/message-store.ts';
@@ -613,6 +614,46 @@ test('peers that stall in the middle of small messages hold no store slot: an un
 
 test('the read-ahead before a store slot is the store chunk and one byte, so a whole message is read whole', () => {
   assert.equal(DEFAULT_READ_AHEAD_BYTES, CHUNK_BYTES + 1);
+});
+
+test('a store that never finishes once its body is read (a database that hangs) is deferred with 451 and frees its slot', async () => {
+  const inbox = await h.provision();
+  // A store that reads its whole body, then waits for a database that never answers.
+  const hanging: MessageStore = {
+    ...h.messages,
+    store: async (_delivery, body) => {
+      for await (const _ of body) {
+        // read it all
+      }
+      return new Promise<never>(() => {});
+    },
+  };
+  const serviceLogs: LogLine[] = [];
+  const server = await startTestReceiver(h, {
+    store: hanging,
+    serviceLog: (line) => serviceLogs.push(line),
+    settings: { authservId: 'x', stallMs: 300, maxParallelStores: 1 },
+  });
+  try {
+    for (let i = 0; i < 2; i++) {
+      const began = Date.now();
+      const { replies } = await deliverRaw(
+        { port: server.port as number },
+        { ident: ident(), from: 'a@example.org', to: [inbox.address], body: 'Subject: hang\r\n\r\nx\r\n' },
+      );
+      // The second gets its answer too: the first one's slot was given back. Until 2026-11-25 neither
+      // was answered until the database answered.
+      assert.deepEqual(replies, [
+        '451 4.3.0 inbox.test: temporary failure storing the message, try again later',
+      ]);
+      assert.ok(Date.now() - began < 3_000, `${Date.now() - began} ms`);
+    }
+    assert.ok(
+      serviceLogs.some((l) => l.msg === 'store failed; deferring' && /within 300 ms/.test(String(l.error))),
+    );
+  } finally {
+    await server.close();
+  }
 });
 
 test('a store held back by a lock past the stall bound is deferred with 451; the other recipient is stored', async () => {
