@@ -61,6 +61,12 @@ export interface DeliverySettings {
   stallMs?: number;
   /** Bytes read before taking store slots (default 256 KiB + 1: storage's CHUNK_BYTES, one more). */
   readAheadBytes?: number;
+  /**
+   * A store unfinished this long after its body was read is given up (451; default 180 s): above what a
+   * healthy store may wait (its inbox's batch lane 30 s, a pool connection 20 s, lock_timeout 20 s,
+   * reruns of a failed batch), below Postfix's lmtp_data_done_timeout (600 s).
+   */
+  storeDeadlineMs?: number;
 }
 
 /** An accept carries the text after `250` for the log of the peer (Postfix's `status=sent (...)`). */
@@ -96,6 +102,7 @@ export const DEFAULT_PARALLEL_STORES = 8;
 /** Postfix queue ids are alphanumeric (long ids: up to 16 characters); anything printable is taken. */
 const QUEUE_ID = /^[\x21-\x7e]{1,64}$/;
 const DEFAULT_STALL_MS = 60_000;
+const DEFAULT_STORE_DEADLINE_MS = 180_000;
 /** storage/message-store.ts CHUNK_BYTES and one byte (a test ties them). */
 export const DEFAULT_READ_AHEAD_BYTES = 256 * 1024 + 1;
 
@@ -109,6 +116,7 @@ export class DeliveryService {
   readonly #maxHeaderBytes: number;
   readonly #stallMs: number;
   readonly #readAheadBytes: number;
+  readonly #storeDeadlineMs: number;
   readonly #slots: Slots;
   readonly #observe: (report: DeliveryReport) => void;
 
@@ -129,6 +137,7 @@ export class DeliveryService {
     this.#maxHeaderBytes = settings.maxHeaderBytes ?? MAX_HEADER_BYTES;
     this.#stallMs = settings.stallMs ?? DEFAULT_STALL_MS;
     this.#readAheadBytes = settings.readAheadBytes ?? DEFAULT_READ_AHEAD_BYTES;
+    this.#storeDeadlineMs = settings.storeDeadlineMs ?? DEFAULT_STORE_DEADLINE_MS;
     this.#slots = new Slots(Math.max(1, settings.maxParallelStores ?? DEFAULT_PARALLEL_STORES));
   }
 
@@ -263,17 +272,19 @@ export class DeliveryService {
   }
 
   /**
-   * One inbox's store, given up (451) when it has not finished stallMs after its body was all read: a
+   * One inbox's store, given up (451) when it has not finished storeDeadlineMs after its body was all read: a
    * database that stops answering without closing its connections (a hung server, a stalled disk)
    * otherwise left the delivery unanswered and its slot taken for as long as it hung. The store itself
    * may still finish later; Postfix's redelivery is then a duplicate.
    */
   #storeWithin(delivery: Parameters<MessageStore['store']>[0], body: AsyncIterable<Buffer>) {
     let timer: NodeJS.Timeout | undefined;
+    let settled = false;
     let start: () => void = () => {};
     const overdue = new Promise<never>((_, reject) => {
       start = () => {
-        timer ??= setTimeout(() => reject(new StoreOverdue(this.#stallMs)), this.#stallMs);
+        if (settled) return;
+        timer ??= setTimeout(() => reject(new StoreOverdue(this.#storeDeadlineMs)), this.#storeDeadlineMs);
       };
     });
     overdue.catch(() => {});
@@ -290,7 +301,10 @@ export class DeliveryService {
         };
       },
     };
-    return Promise.race([this.#store.store(delivery, watched), overdue]).finally(() => clearTimeout(timer));
+    return Promise.race([this.#store.store(delivery, watched), overdue]).finally(() => {
+      settled = true;
+      clearTimeout(timer);
+    });
   }
 
   /** The inbox id of `<inbox_id>@<mail domain>` (both compared lowercased), else null. */

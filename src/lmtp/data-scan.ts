@@ -51,7 +51,10 @@ function feedDataStream(this: StreamState, chunk: Buffer, done: Done): void {
   const held = this._lastBytes && this._lastBytes.length > 0 ? this._lastBytes : undefined;
   // At the start of DATA only a first line beginning with a dot needs the original's own checks (the
   // end marker with no CRLF before it, a stuffed dot at index 0); any other first piece it scans as we do.
-  const dotFirst = this._atDataStart && chunk[0] === DOT;
+  // The message's first byte may be in `held` (a first piece under 4 bytes is held back whole): until
+  // 2026-11-25 only the new piece's first byte was looked at, and a "." CRLF cut after its dot was
+  // taken for content.
+  const dotFirst = this._atDataStart && (held ?? chunk)[0] === DOT;
   if (dotFirst || chunk.length < MIN_PIECE || (held && lineStartDotAtSeam(held, chunk))) {
     dataScanStats.handedOver++;
     original.call(this, chunk, done);

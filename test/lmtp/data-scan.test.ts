@@ -198,3 +198,19 @@ test('a piece with many stuffed dots is unstuffed in one pass, not re-entered on
   // A few per piece (a seam with a line-start dot goes to the original, which hands its rest back).
   assert.ok(entries <= pieces.length * 10, `${entries} entries for ${pieces.length} pieces`);
 });
+
+test('an empty message whose end marker is cut after its dot, at the start of DATA, ends as the original says', async () => {
+  const filler = `${'x'.repeat(30)}\r\n`;
+  for (const cuts of [
+    ['DATA\r\n', '.', `\r\nRSET\r\nQUIT\r\n${filler}`],
+    ['DATA\r\n', '.\r', `\nRSET\r\nQUIT\r\n${filler}`],
+  ]) {
+    const pieces = cuts.map((c) => Buffer.from(c, 'latin1'));
+    dataScan.uninstall();
+    const expected = await transcript(pieces);
+    dataScan.install();
+    const actual = await transcript(pieces);
+    assert.deepEqual(actual.events, expected.events, JSON.stringify(cuts));
+    assert.deepEqual(actual.events.slice(0, 3), ['command DATA', 'data 0', 'command RSET']);
+  }
+});

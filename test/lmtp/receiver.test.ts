@@ -632,7 +632,7 @@ test('a store that never finishes once its body is read (a database that hangs) 
   const server = await startTestReceiver(h, {
     store: hanging,
     serviceLog: (line) => serviceLogs.push(line),
-    settings: { authservId: 'x', stallMs: 300, maxParallelStores: 1 },
+    settings: { authservId: 'x', storeDeadlineMs: 300, maxParallelStores: 1 },
   });
   try {
     for (let i = 0; i < 2; i++) {
