@@ -144,6 +144,19 @@ export class PgMessageStore implements MessageStore {
    * position, in the step that stores its last byte (DESIGN decision 8).
    */
   async store(d: Delivery, body: AsyncIterable<Buffer>): Promise<StoreOutcome> {
+    const outcome = await this.#storeOnce(d, body);
+    if (outcome.kind !== 'duplicate') return outcome;
+    // Its row was there already: a redelivery, or a row deleted without ever being stored (migration
+    // 20261205000000). Rare, so asked only then, here, for both paths.
+    const [repeat] = await this.#db.rows<{ kind: StoreOutcome['kind'] | null }>(
+      'delivery-repeat',
+      'SELECT repeat_delivery_kind($1, $2) AS kind',
+      [d.inboxId, outcome.messageId],
+    );
+    return { kind: repeat?.kind ?? 'duplicate', messageId: outcome.messageId };
+  }
+
+  async #storeOnce(d: Delivery, body: AsyncIterable<Buffer>): Promise<StoreOutcome> {
     const pieces = body[Symbol.asyncIterator]();
     const head: Buffer[] = [];
     let filled = 0;
@@ -188,13 +201,7 @@ export class PgMessageStore implements MessageStore {
         for await (const _ of body) {
           // drain: the caller's stream must be consumed even when nothing is stored
         }
-        const [repeat] = await db.rows<{ kind: StoreOutcome['kind'] | null }>(
-          'delivery-repeat',
-          'SELECT repeat_delivery_kind($1, $2, $3) AS kind',
-          [d.inboxId, row.out_message_id, row.out_state],
-          client,
-        );
-        return { kind: repeat?.kind ?? 'duplicate', messageId: row.out_message_id };
+        return { kind: 'duplicate' as const, messageId: row.out_message_id };
       }
       // NULL for the content digest, no longer computed (store-batch.ts).
       const { size } = await copyChunks(client, d.inboxId, row.out_message_id, body, CHUNK_BYTES);

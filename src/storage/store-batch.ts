@@ -1,10 +1,10 @@
 /**
  * store-batch - the receiver's store of a whole message (at most one chunk) through an InboxBatcher:
  * alone, store_whole_message_outcome; several for one inbox, one store_whole_messages_outcome call
- * (migrations 20261127000000, 20261203000000 and 20261205000000), which stores each as the single call
- * does, in the order given, idempotently on (inbox, queue id) within the batch too. Each says 'stored',
- * 'duplicate', or 'cancelled' / 'expired' / 'released' (kept nothing: the inbox had ended, or the
- * release job had given up the reservation).
+ * (migrations 20261127000000 and 20261203000000), which stores each as the single call does, in the
+ * order given, idempotently on (inbox, queue id) within the batch too. Each says 'stored', 'duplicate'
+ * (message-store.ts then asks what the row it found came to), or 'cancelled' / 'expired' (kept nothing:
+ * the inbox had ended).
  */
 import type { StoreOutcome } from '../core/ports.ts';
 import type { Database } from './database.ts';
