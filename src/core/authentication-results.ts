@@ -13,7 +13,9 @@
  *   is one linear pass.
  */
 
+import { isUtf8 } from 'node:buffer';
 import { isIP } from 'node:net';
+import { domainToASCII } from 'node:url';
 import { domainsAlign, plainDomain } from './mail-address.ts';
 import { headerFields } from './message-summary.ts';
 import type { Authentication } from './model.ts';
@@ -160,19 +162,38 @@ export function parseAuthenticationResults(value: string): AuthenticationResults
     if (!info) return null;
     results.push(info);
   }
-  // A quoted authserv-id is compared without surrounding spaces, as authservIdOf does.
-  return { authservId: id.text.trim().toLowerCase(), results };
+  // A quoted authserv-id is compared without the folding white space around it.
+  return { authservId: trimFws(id.text).toLowerCase(), results };
 }
 
 /**
- * The lowercased authserv-id of a field value (its first word or quoted string, after comments and
- * folding whitespace), or null. Reads nothing after it, so a field that claims an id and is malformed
- * further on still names that id: the milter removes every field claiming ours (RFC 8601 section 5).
+ * SP, HTAB, CR and LF at either end, nothing else: a field's id is read strictly, so that a U+00A0 or a
+ * U+FEFF next to it makes it another id (JavaScript's trim() removed those too, and a field the milter
+ * read byte by byte as not ours was then read as ours here).
  */
-export function authservIdOf(value: string): string | null {
-  const [first] = tokenize(value, 1) ?? [];
-  const id = first && (first.kind === 'word' || first.kind === 'quoted') ? first.text.trim() : '';
-  return id ? id.toLowerCase() : null;
+function trimFws(text: string): string {
+  return text.replace(/^[ \t\r\n]+|[ \t\r\n]+$/g, '');
+}
+
+/** Unicode white space and format characters (U+00A0, U+3000, U+200B, U+FEFF, bidi marks...). */
+const INVISIBLE = /[\p{White_Space}\p{Cf}]/gu;
+
+/**
+ * Whether the field value `raw` (its bytes as latin1 characters, as the milter has them) claims the
+ * authserv-id `ours` (lowercase), read generously, for removal (RFC 8601 section 5): its id as bytes and
+ * as UTF-8, each compatibility-normalized (NFKC), without Unicode white space or format characters and
+ * lowercased. A sender's field that any reader, however lenient, could take for ours is removed; the
+ * receiver reads ours strictly (parseAuthenticationResults). Only the id is read: a field that claims
+ * ours and is malformed further on still claims it.
+ */
+export function claimsAuthservId(raw: string, ours: string): boolean {
+  const bytes = Buffer.from(raw, 'latin1');
+  const forms = isUtf8(bytes) ? [raw, bytes.toString('utf8')] : [raw];
+  return forms.some((value) => {
+    const [first] = tokenize(value, 1) ?? [];
+    if (!first || (first.kind !== 'word' && first.kind !== 'quoted')) return false;
+    return first.text.normalize('NFKC').replace(INVISIBLE, '').toLowerCase() === ours;
+  });
 }
 
 /**
@@ -188,7 +209,9 @@ function domainOf(identity: string | undefined): string | null {
       .trim(),
   );
   if (domain.startsWith('[') || isIP(domain) !== 0) return null;
-  return domain || null;
+  // An internationalized name in its ASCII form (`xn--`), as DMARC's and the sender_domains list have it;
+  // a name that has none (not a host name) as written.
+  return domainToASCII(domain) || domain || null;
 }
 
 const NONE = { result: 'none', domain: null } as const;

@@ -10,7 +10,7 @@
  */
 import { once } from 'node:events';
 import { PassThrough } from 'node:stream';
-import { authservIdOf } from '../core/authentication-results.ts';
+import { claimsAuthservId } from '../core/authentication-results.ts';
 import type { MessageAdmission } from '../core/message-admission.ts';
 import type { Authenticator, AuthVerdict, MessageKey } from '../core/ports.ts';
 import type {
@@ -107,7 +107,7 @@ export class MilterCheck implements MilterHandler {
     for (const header of headers) {
       if (header.name.toLowerCase() !== AUTH_RESULTS) continue;
       index++;
-      if (authservIdOf(header.value) === this.#authservId) forged.push({ name: header.name, index });
+      if (claimsAuthservId(header.value, this.#authservId)) forged.push({ name: header.name, index });
     }
     return {
       delete: forged,

@@ -8,7 +8,7 @@ import { generateKeyPairSync } from 'node:crypto';
 import { test } from 'node:test';
 import { authenticate, dkimSign } from 'mailauth';
 import {
-  authservIdOf,
+  claimsAuthservId,
   MAX_FIELD_CHARS,
   parseAuthenticationResults,
   readAuthentication,
@@ -32,6 +32,11 @@ const NONE: R = ['none', null];
 const OBSERVED = `mx.svc.test;\r\n dkim=pass header.i=@allowed.test header.s=sel header.a=rsa-sha256 header.b=PByekjoH;\r\n spf=pass (mx.svc.test: domain of s@allowed.test designates 127.0.0.3 as permitted sender) smtp.mailfrom=s@allowed.test smtp.helo=mail.sender.test;\r\n dmarc=pass (p=REJECT arc=none) header.from=allowed.test header.d=allowed.test`;
 
 const CASES: [string, string, Authentication | null][] = [
+  [
+    'internationalized domains in their ASCII (xn--) form, as DMARC and sender_domains have them',
+    'mx.svc.test; dkim=pass header.d=\u00e9vil.test; spf=pass smtp.mailfrom=\u00fc@\u00c9vil.test; dmarc=pass header.from=xn--vil-9la.test',
+    auth(['pass', 'xn--vil-9la.test'], ['pass', 'xn--vil-9la.test'], ['pass', 'xn--vil-9la.test']),
+  ],
   [
     'the field our milter writes',
     OBSERVED,
@@ -130,19 +135,42 @@ for (const [name, field, expected] of CASES) {
   });
 }
 
-test('authservIdOf: the first word or quoted string, after comments, lowercased; nothing after it is read', () => {
-  const table: [string, string | null][] = [
-    [' mx.svc.test; dmarc=pass', 'mx.svc.test'],
-    [' (x) MX.SVC.TEST; dmarc=pass', 'mx.svc.test'],
-    [' mx.svc.test(trailing comment);spf=pass', 'mx.svc.test'],
-    ['\n\tmx.svc.test 1; dkim=pass', 'mx.svc.test'],
-    [' " mx.svc.test "; dmarc=pass', 'mx.svc.test'],
-    [' mx.svc.test; dmarc=pass (unterminated', 'mx.svc.test'],
-    [' ; dmarc=pass', null],
-    [' (only a comment)', null],
-    [' (unterminated', null],
+test('claimsAuthservId: the first word or quoted string, after comments; nothing after it is read', () => {
+  // Field values as the milter has them: their bytes as latin1 characters.
+  const bytes = (text: string) => Buffer.from(text, 'utf8').toString('latin1');
+  const table: [string, boolean][] = [
+    [' mx.svc.test; dmarc=pass', true],
+    [' (x) MX.SVC.TEST; dmarc=pass', true],
+    [' mx.svc.test(trailing comment);spf=pass', true],
+    ['\n\tmx.svc.test 1; dkim=pass', true],
+    [' " mx.svc.test "; dmarc=pass', true],
+    [' mx.svc.test; dmarc=pass (unterminated', true],
+    // Read generously: what a lenient reader could take for our id is ours to remove.
+    [bytes(' \u00a0mx.svc.test; dmarc=pass'), true],
+    [bytes(' \ufeffmx.svc.test; dmarc=pass'), true],
+    [bytes(' mx.svc.test\u3000; dmarc=pass'), true],
+    [bytes(' "mx.svc.test\u00a0"; dmarc=pass'), true],
+    [bytes(' mx\u200b.svc.test; dmarc=pass'), true],
+    [bytes(' \uff4d\uff58.svc.test; dmarc=pass'), true],
+    [' \xa0mx.svc.test; dmarc=pass', true],
+    [' mx.svc.test.; dmarc=pass', false],
+    [' mx.svc.test/1; dmarc=pass', false],
+    [' other.example; dmarc=pass', false],
+    [' ; dmarc=pass', false],
+    [' (only a comment)', false],
+    [' (unterminated', false],
   ];
-  for (const [value, expected] of table) assert.equal(authservIdOf(value), expected, value);
+  for (const [value, expected] of table)
+    assert.equal(claimsAuthservId(value, ID), expected, JSON.stringify(value));
+});
+
+test('authentication: an id with Unicode white space around it is not ours to the receiver', () => {
+  for (const space of ['\u00a0', '\ufeff', '\u3000']) {
+    const head = `Authentication-Results: ${space}${OBSERVED.trimStart()}\r\n${BODY}`;
+    assert.equal(readAuthentication(Buffer.from(head, 'utf8'), ID), null, JSON.stringify(space));
+    const quoted = `Authentication-Results: "${ID}${space}"; dmarc=pass header.from=x.test\r\n${BODY}`;
+    assert.equal(readAuthentication(Buffer.from(quoted, 'utf8'), ID), null, JSON.stringify(space));
+  }
 });
 
 test('authentication: our field below the first header field does not count', () => {

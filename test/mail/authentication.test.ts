@@ -196,6 +196,10 @@ test('Authentication-Results fields claiming our authserv-id are removed and ign
     'authentication-results: (x) MX.SVC.TEST; dkim=pass header.d=forged.test',
     'Authentication-Results:\r\n mx.svc.test 1;\r\n spf=pass smtp.mailfrom=a@forged.test',
     'Authentication-Results:mx.svc.test(no space);dmarc=pass header.from=forged.test',
+    // Unicode white space or a byte-order mark next to the id (sent as UTF-8): a lenient reader's.
+    'Authentication-Results: \u00a0mx.svc.test; dkim=pass header.i=@forged.test',
+    'Authentication-Results: \ufeffmx.svc.test; dmarc=pass header.from=forged.test',
+    'Authentication-Results: "mx.svc.test\u3000"; spf=pass smtp.mailfrom=a@forged.test',
   ];
   // Forged fields above, between and below the kept one: every index the milter deletes must hit.
   const header = (extra: string[]) =>
