@@ -92,3 +92,25 @@ test('a quoted sender is one envelope_from on the message and on rejections at R
     [sender, 'quota', sender, 'sender_not_allowed', sender],
   );
 });
+
+test('a sender is stored as the client sent it: no @ added, no bang path or percent hack rewritten', async () => {
+  const inbox = await s.provision();
+  // From: lax.test (DMARC p=none): the unaligned envelope is not refused for DMARC.
+  const message = plainMessage({ to: inbox.address, from: 'sender@lax.test' });
+  const senders = ['bob', 'lax.test!alice', 'alice%lax.test@allowed.test'];
+  for (const from of senders) assert.ok(queuedAs(await s.send({ from, to: [inbox.address], message })), from);
+  // No From: field: `from.address` is the envelope sender (contract section 2), the LMTP one here.
+  const fromless = Buffer.from(`To: ${inbox.address}\r\nSubject: no from\r\n\r\nbody\r\n`);
+  for (const from of senders)
+    assert.ok(queuedAs(await s.send({ from, to: [inbox.address], message: fromless })), from);
+  const stored: { envelope_from: string; subject: string; from: { address: string } }[] = await arrived(
+    inbox,
+    2 * senders.length,
+  );
+  const forms = stored.map((m) => [m.subject, m.envelope_from, m.from.address]).sort();
+  const expected = senders.flatMap((from) => [
+    ['hello', from, 'sender@lax.test'],
+    ['no from', from, from],
+  ]);
+  assert.deepEqual(forms, expected.sort());
+});
