@@ -409,8 +409,10 @@ export interface SweeperStore {
    * A released reservation's row (reason 'released') also stays until the purge: a delivery of its
    * queue id arriving after all (a queue held longer than RESERVATION_TTL_SECONDS) finds it and is
    * dropped, as README says, instead of being stored with no quota check once the row was gone.
+   * Any other row stays until its reservation was made at or before `reservedBefore` (Postfix has given
+   * up on its queue file): a redelivery of a stored message whose 250 was lost finds it, a duplicate.
    */
-  dropTombstones(deletedBefore: Date, now: Date, limit: number): Promise<number>;
+  dropTombstones(deletedBefore: Date, reservedBefore: Date, now: Date, limit: number): Promise<number>;
   /** Deletes rejections first listed at or before `listedBefore`. */
   dropRejections(listedBefore: Date, limit: number): Promise<number>;
   /** Deletes provision idempotency records created before `createdBefore` (a replay no longer finds them). */

@@ -274,17 +274,17 @@ export class PgSweeperStore implements SweeperStore {
     });
   }
 
-  async dropTombstones(deletedBefore: Date, now: Date, limit: number): Promise<number> {
+  async dropTombstones(deletedBefore: Date, reservedBefore: Date, now: Date, limit: number): Promise<number> {
     const rows = await this.#batch((client) =>
       query(
         client,
         `DELETE FROM messages m USING (
          SELECT d.inbox_id, d.message_id FROM messages d JOIN inboxes i ON i.inbox_id = d.inbox_id
-         WHERE d.state = 'deleted' AND d.deleted_at <= $1 AND i.expires_at > $2
+         WHERE d.state = 'deleted' AND d.deleted_at <= $1 AND d.reserved_at <= $2 AND i.expires_at > $3
            AND d.deleted_reason <> 'released'
-         LIMIT $3 FOR UPDATE OF d SKIP LOCKED) k
+         LIMIT $4 FOR UPDATE OF d SKIP LOCKED) k
        WHERE m.inbox_id = k.inbox_id AND m.message_id = k.message_id RETURNING 1`,
-        [deletedBefore, now, limit],
+        [deletedBefore, reservedBefore, now, limit],
       ),
     );
     return rows.length;

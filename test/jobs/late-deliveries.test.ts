@@ -8,6 +8,8 @@
  *   whose clock runs ahead may see expired an inbox the API still extends;
  * - a delivery after its reservation was released is dropped, also once GONE_SECONDS have passed
  *   (drop-tombstones keeps released rows);
+ * - a redelivery of a stored, downloaded and deleted message is a duplicate until Postfix has given up
+ *   on its queue file (drop-tombstones keeps every row until RESERVATION_TTL_SECONDS);
  * - an expired inbox whose only message has 0 bytes is purged like any other.
  */
 import assert from 'node:assert/strict';
@@ -174,6 +176,39 @@ describe('a delivery after its reservation was released', () => {
     const after = await status(h, inbox);
     assert.equal(after.message_count, 1);
     assert.equal(after.quota_used_bytes, 9_000);
+  });
+});
+
+describe('a redelivery of a stored message whose 250 was lost', () => {
+  const harness = withHarness({ QUOTA_BYTES: '10000', RESERVATION_TTL_SECONDS: '7200' });
+
+  test('is a duplicate after the message was deleted and GONE_SECONDS passed, until Postfix gave up', async () => {
+    const h = harness();
+    const inbox = await h.provision();
+    for (let i = 0; i < 3; i++)
+      await h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, { token: inbox.credentials.owner });
+    const jobs = testJobs(h);
+    const data = Buffer.alloc(6_000, 'x');
+    assert.equal(await reserve(h, inbox, 'QAGAIN', data.length), 'reserved');
+    assert.equal((await store(h, inbox, 'QAGAIN', data)).kind, 'stored');
+    const [message] = (
+      await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, { token: inbox.credentials.reader })
+    ).json.messages;
+    const url = `/v1/inboxes/${inbox.inbox_id}/messages/${message.message_id}`;
+    assert.equal((await h.api.get(url, { token: inbox.credentials.reader })).status, 200);
+    h.clock.advance(h.config.downloadGraceSeconds);
+    await jobs.run('delete-messages');
+    h.clock.advance(h.config.goneSeconds);
+    assert.equal((await h.api.get(url, { token: inbox.credentials.reader })).status, 404);
+    assert.equal((await jobs.run('drop-tombstones')).counts.messages, 0, 'Postfix may still redeliver it');
+
+    // The receiver died after its commit; Postfix delivers the queue file again an hour later.
+    assert.equal((await store(h, inbox, 'QAGAIN', data)).kind, 'duplicate');
+    const after = await status(h, inbox);
+    assert.deepEqual([after.message_count, after.quota_used_bytes], [0, 0]);
+
+    h.clock.advance(7_200 - h.config.downloadGraceSeconds - h.config.goneSeconds);
+    assert.equal((await jobs.run('drop-tombstones')).counts.messages, 1, 'past RESERVATION_TTL_SECONDS');
   });
 });
 
