@@ -50,11 +50,19 @@ export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
   WHERE i.expires_at < $1 AND i.held_bytes > 0
   LIMIT $2 FOR SHARE OF i SKIP LOCKED`;
 
+/**
+ * How long a job's lock outlives a holder that stopped answering: its session's `idle_session_timeout`,
+ * which the holder keeps from firing with a query every third of it while its run goes on.
+ */
+export const JOB_LOCK_LEASE_MS = 60_000;
+
 export class PgSweeperStore implements SweeperStore {
   readonly #db: Database;
+  readonly #leaseMs: number;
 
-  constructor(db: Database) {
+  constructor(db: Database, options: { lockLeaseMs?: number } = {}) {
     this.#db = db;
+    this.#leaseMs = options.lockLeaseMs ?? JOB_LOCK_LEASE_MS;
   }
 
   /**
@@ -69,33 +77,44 @@ export class PgSweeperStore implements SweeperStore {
     });
   }
 
+  /**
+   * A session lock on a connection of its own, held while fn runs its batches on other connections.
+   * The session is a lease: it ends, and the lock with it, when it stays idle for #leaseMs, so a holder
+   * that froze (a paused VM, a stopped process, whose kernel still answers TCP keepalives) no longer
+   * keeps every other process from running the job for as long as it is frozen. While fn runs, a query
+   * every third of the lease keeps the session busy.
+   */
   async exclusively<T>(job: string, fn: () => Promise<T>): Promise<{ ran: true; value: T } | { ran: false }> {
-    // A session lock on a connection of its own, held while fn runs its batches on other connections.
     const client = await this.#db.pool.connect();
     let broken: Error | undefined;
-    const onError = (error: Error) => {
-      broken = error;
+    const fail = (error: Error) => {
+      broken ??= error;
     };
-    client.on('error', onError);
+    client.on('error', fail);
     const key = [LOCK_NAMESPACE, lockKey(job)];
+    let renewal: NodeJS.Timeout | undefined;
     try {
       const locked = await client
-        .query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS locked', key)
+        .query(`SET idle_session_timeout = ${Math.ceil(this.#leaseMs)}`)
+        .then(() => client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS locked', key))
         .catch((error: Error) => {
-          broken ??= error;
+          fail(error);
           throw error;
         });
       if (!locked.rows[0]?.locked) return { ran: false };
+      renewal = setInterval(() => void client.query('SELECT 1').catch(fail), this.#leaseMs / 3);
       try {
         return { ran: true, value: await fn() };
       } finally {
+        clearInterval(renewal);
         // A connection that cannot say it unlocked is destroyed: ending the session drops the lock.
-        await client.query('SELECT pg_advisory_unlock($1, $2)', key).catch((error: Error) => {
-          broken ??= error;
-        });
+        await client.query('SELECT pg_advisory_unlock($1, $2)', key).catch(fail);
       }
     } finally {
-      client.off('error', onError);
+      clearInterval(renewal);
+      // Back in the pool, the connection must not be ended for idling.
+      if (!broken) await client.query('RESET idle_session_timeout').catch(fail);
+      client.off('error', fail);
       client.release(broken);
     }
   }

@@ -4,7 +4,10 @@
  * first holds it. A run that fails releases its lock, logs an error line and leaves no half-done batch.
  */
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { after, before, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import type { DependencyContainer } from 'tsyringe';
 import { buildContainer, TOKENS } from '../../src/container.ts';
@@ -15,6 +18,7 @@ import { defineJob, type JobReport } from '../../src/jobs/job.ts';
 import { sweepLimits } from '../../src/jobs/jobs.ts';
 import type { LogLine } from '../../src/log.ts';
 import type { Database } from '../../src/storage/database.ts';
+import { PgSweeperStore } from '../../src/storage/sweeper-store.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverMany, footprint, scalar, testJobs } from '../support/jobs.ts';
 import { untilWaiting } from '../support/lock-waits.ts';
@@ -61,6 +65,45 @@ test('a job whose lock another process holds is skipped, logs that, and changes 
   const ran = await jobs.run('expire-inboxes');
   assert.equal(ran.ran, true);
   assert.equal(ran.counts.messages, 1);
+});
+
+test('a process that froze holding a lock holds it no longer than the lease, and the job runs elsewhere', async () => {
+  const lease = 1_500;
+  const holder = spawn(
+    process.execPath,
+    ['test/support/hold-job-lock.ts', h.database.url, 'drop-tombstones', String(lease)],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  try {
+    const [said] = (await once(holder.stdout, 'data')) as [Buffer];
+    assert.equal(said.toString(), 'locked\n');
+    // Frozen: its kernel still answers for its connection, but its event loop renews nothing.
+    holder.kill('SIGSTOP');
+    const jobs = testJobs(h);
+    assert.equal((await jobs.run('drop-tombstones')).ran, false, 'within the lease the lock holds');
+    const started = Date.now();
+    let ran = false;
+    while (!ran && Date.now() - started < 4 * lease) {
+      await sleep(100);
+      ran = (await jobs.run('drop-tombstones')).ran;
+    }
+    assert.ok(ran, 'the job ran in this process once the lease was over');
+  } finally {
+    holder.kill('SIGKILL');
+  }
+});
+
+test('a lock held past its lease by a process that is alive stays held', async () => {
+  const lease = 600;
+  const store = new PgSweeperStore(h.container.resolve<Database>(TOKENS.Database), { lockLeaseMs: lease });
+  const jobs = testJobs(h);
+  const outcome = await store.exclusively('drop-tombstones', async () => {
+    await sleep(3 * lease);
+    return (await jobs.run('drop-tombstones')).ran;
+  });
+  assert.deepEqual(outcome, { ran: true, value: false });
+  // Back in the pool, its connection is not ended for idling.
+  assert.equal((await jobs.run('drop-tombstones')).ran, true);
 });
 
 test('two processes sweeping at the same time do each piece of work once', async () => {
