@@ -4,6 +4,8 @@
  *
  * Rows a batch changes are picked with FOR UPDATE SKIP LOCKED: a delivery being stored, a download
  * being marked or another sweeper's batch is never waited for; what is skipped is taken by a later batch.
+ * A DELETE's pick is a MATERIALIZED CTE, run once: a subquery may be rescanned by the plan, and its
+ * LIMIT then bounds nothing.
  * Marking a message deleted and freeing its chunks happen in one transaction, the chunks after the mark:
  * a concurrent store either finished first (its chunks are then visible and freed) or finds the row
  * deleted and stores nothing (MessageStore.store answers 'duplicate', or 'expired' / 'released' for a
@@ -261,18 +263,37 @@ export class PgSweeperStore implements SweeperStore {
     purgeCutoff: Date,
     limit: number,
   ): Promise<{ messages: number; purged: boolean; waiting: boolean }> {
-    const due = `EXISTS (SELECT 1 FROM inboxes i WHERE i.inbox_id = $1 AND ${purgeDue('$2', '$3')})`;
     return this.#batch(async (client) => {
+      // The inbox row first, never waited for: a delivery still writing into it (its message row's
+      // foreign key share-locks the inbox row, and the held-bytes trigger updates it) would otherwise hold
+      // this batch for lock_timeout and fail the whole run, the other due inboxes with it. It waits.
+      const [held] = await query(
+        client,
+        `SELECT 1 FROM inboxes i WHERE i.inbox_id = $1 AND ${purgeDue('$2', '$3')} FOR UPDATE SKIP LOCKED`,
+        [inboxId, now, purgeCutoff],
+      );
+      if (!held) {
+        const [due] = await query(
+          client,
+          `SELECT 1 FROM inboxes i WHERE i.inbox_id = $1 AND ${purgeDue('$2', '$3')}`,
+          [inboxId, now, purgeCutoff],
+        );
+        return { messages: 0, purged: false, waiting: due !== undefined };
+      }
       const deleted = await query(
         client,
         // With the tombstones go messages of 0 bytes not yet deleted (an empty LMTP DATA, a delivery
         // left in flight after expiry without a reservation): they hold nothing, so the expiry sweep
-        // never picks them, and until 2026-11-25 their inbox waited for its purge for ever.
-        `DELETE FROM messages m WHERE m.inbox_id = $1 AND m.message_id IN (
+        // never picks them, and until 2026-11-25 their inbox waited for its purge for ever. A row a
+        // delivery holds is skipped, and the inbox waits for a later run.
+        // The pick is a CTE, run once: as a subquery the planner rescanned it for each row, and its LIMIT
+        // then bounded nothing (7 rows went in a batch of 3).
+        `WITH k AS MATERIALIZED (
            SELECT message_id FROM messages
-           WHERE inbox_id = $1 AND (state = 'deleted' OR size_bytes = 0) AND ${due} LIMIT $4)
-         RETURNING m.message_id`,
-        [inboxId, now, purgeCutoff, limit],
+           WHERE inbox_id = $1 AND (state = 'deleted' OR size_bytes = 0) LIMIT $2 FOR UPDATE SKIP LOCKED)
+         DELETE FROM messages m USING k
+         WHERE m.inbox_id = $1 AND m.message_id = k.message_id RETURNING m.message_id`,
+        [inboxId, limit],
       );
       if (deleted.length === limit) return { messages: deleted.length, purged: false, waiting: false };
       // Messages still holding chunks wait for expireMessages, which frees them in bounded batches.
@@ -297,11 +318,12 @@ export class PgSweeperStore implements SweeperStore {
     const rows = await this.#batch((client) =>
       query(
         client,
-        `DELETE FROM messages m USING (
+        `WITH k AS MATERIALIZED (
          SELECT d.inbox_id, d.message_id FROM messages d JOIN inboxes i ON i.inbox_id = d.inbox_id
          WHERE d.state = 'deleted' AND d.deleted_at <= $1 AND d.reserved_at <= $2 AND i.expires_at > $3
            AND d.deleted_reason <> 'released'
-         LIMIT $4 FOR UPDATE OF d SKIP LOCKED) k
+         LIMIT $4 FOR UPDATE OF d SKIP LOCKED)
+       DELETE FROM messages m USING k
        WHERE m.inbox_id = k.inbox_id AND m.message_id = k.message_id RETURNING 1`,
         [deletedBefore, reservedBefore, now, limit],
       ),
@@ -313,8 +335,9 @@ export class PgSweeperStore implements SweeperStore {
     const rows = await this.#batch((client) =>
       query(
         client,
-        `DELETE FROM rejections r USING (
-         SELECT inbox_id, position FROM rejections WHERE listed_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) k
+        `WITH k AS MATERIALIZED (
+         SELECT inbox_id, position FROM rejections WHERE listed_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+       DELETE FROM rejections r USING k
        WHERE r.inbox_id = k.inbox_id AND r.position = k.position RETURNING 1`,
         [listedBefore, limit],
       ),
@@ -326,8 +349,9 @@ export class PgSweeperStore implements SweeperStore {
     const rows = await this.#batch((client) =>
       query(
         client,
-        `DELETE FROM provision_idempotency p USING (
-         SELECT key_hash FROM provision_idempotency WHERE created_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) k
+        `WITH k AS MATERIALIZED (
+         SELECT key_hash FROM provision_idempotency WHERE created_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+       DELETE FROM provision_idempotency p USING k
        WHERE p.key_hash = k.key_hash AND p.created_at < $1 RETURNING 1`,
         [createdBefore, limit],
       ),

@@ -6,7 +6,9 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import pg from 'pg';
 import { TOKENS } from '../../src/container.ts';
+import { newMessageId } from '../../src/core/ids.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { RecipientAdmission } from '../../src/core/recipient-admission.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
@@ -143,4 +145,38 @@ test('purge-inboxes removes tombstones in batches and never purges an inbox that
   assert.equal(report.batches, 4, 'the listing, then 3 + 3 + 1 tombstones (the last with the inbox)');
   assert.equal((await footprint(h, live.inbox_id)).messages, 1);
   assert.equal((await status(live)).status, 200);
+});
+
+test('a delivery still writing into a due inbox makes that inbox wait; the run goes on with the others at once', async () => {
+  const jobs = testJobs(h);
+  const busy = await h.provision();
+  const idle = await h.provision();
+  await h.deliver(idle.inbox_id, 'Subject: x\r\n\r\nx\r\n');
+  h.clock.advance(h.config.unitSeconds + h.config.purgeAfterSeconds + 61);
+  await jobs.run('expire-inboxes');
+  // What the receiver's store does for a message it streams: begin_delivery, then the chunks arrive.
+  const delivery = new pg.Client({ connectionString: h.database.url });
+  await delivery.connect();
+  try {
+    await delivery.query('BEGIN');
+    await delivery.query('SELECT * FROM begin_delivery($1, $2, $3, $4, $5)', [
+      busy.inbox_id,
+      newMessageId(),
+      'QSTREAMING',
+      'a@example.test',
+      h.clock.now(),
+    ]);
+    const started = performance.now();
+    const report = await jobs.run('purge-inboxes');
+    assert.ok(performance.now() - started < 5_000, 'no lock waited for');
+    assert.equal(report.complete, true, report.error);
+    assert.equal(report.counts.waiting, 1);
+    assert.equal((await footprint(h, idle.inbox_id)).inboxes, 0, 'the other due inbox is purged');
+    assert.equal((await footprint(h, busy.inbox_id)).inboxes, 1);
+  } finally {
+    await delivery.query('ROLLBACK');
+    await delivery.end();
+  }
+  assert.equal((await jobs.run('purge-inboxes')).counts.inboxes, 1);
+  assert.equal((await footprint(h, busy.inbox_id)).inboxes, 0);
 });
