@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 NODE := $(CURDIR)/node_modules/.bin/node
 TEST_FILES ?= test/**/*.test.ts
 
-.PHONY: run test check lint typecheck install postgres mail-tools database migrate bench-api bench-mail clean \
+.PHONY: run test check lint typecheck install postgres mail-tools bench-tools database migrate bench-api bench-mail clean \
 	up down logs ps
 
 ## run: start the whole stack in the foreground: API, policy daemon, milter, LMTP receiver and a
@@ -43,6 +43,9 @@ postgres:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing PostgreSQL from Debian's packages"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	    hba=$$(ls -d /etc/postgresql/*/main | sort -V | tail -1)/pg_hba.conf; \
+	    sed -i '1i host all postgres 127.0.0.1/32 trust  # added by the inbox service'"'"'s make: dev only' "$$hba"; \
+	    echo "dev: $$hba lets postgres in on 127.0.0.1 without a password (the default DATABASE_URL)"; \
 	  else \
 	    echo "PostgreSQL is not running on 127.0.0.1:5432: install it (apt-get install postgresql) or set DATABASE_URL"; exit 1; \
 	  fi; \
@@ -53,13 +56,16 @@ postgres:
 	for i in $$(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 1; done; \
 	echo "PostgreSQL did not come up on 127.0.0.1:5432"; exit 1
 
-## mail-tools: Postfix (our private instance), dnsmasq (the tests' DNS), swaks (the tests' SMTP client)
-## and postgrey (bench-mail's yardstick), from Debian's packages when missing. Postfix is preseeded to
-## "No configuration" so the package never starts a system Postfix on port 25.
-MAIL_PACKAGES := /usr/sbin/postfix:postfix /usr/sbin/dnsmasq:dnsmasq-base /usr/bin/swaks:swaks \
-	/usr/sbin/postgrey:postgrey
-mail-tools:
-	@missing=""; for pair in $(MAIL_PACKAGES); do [ -x "$${pair%%:*}" ] || missing="$$missing $${pair##*:}"; done; \
+## mail-tools: Postfix (our private instance), dnsmasq (the tests' DNS) and swaks (the tests' SMTP
+## client), from Debian's packages when missing; bench-tools adds postgrey (bench-mail's yardstick, whose
+## package starts a system postgrey on port 10023 where services start on install). Postfix is preseeded
+## to "No configuration" so the package never starts a system Postfix on port 25.
+MAIL_PACKAGES := /usr/sbin/postfix:postfix /usr/sbin/dnsmasq:dnsmasq-base /usr/bin/swaks:swaks
+BENCH_PACKAGES := $(MAIL_PACKAGES) /usr/sbin/postgrey:postgrey
+mail-tools: PACKAGES = $(MAIL_PACKAGES)
+bench-tools: PACKAGES = $(BENCH_PACKAGES)
+mail-tools bench-tools:
+	@missing=""; for pair in $(PACKAGES); do [ -x "$${pair%%:*}" ] || missing="$$missing $${pair##*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
 	  echo "missing Debian packages:$$missing — run as root: apt-get install$$missing"; exit 1; \
@@ -81,7 +87,7 @@ bench-api: install database
 ## bench-mail: messages/s through the real stack vs. Postfix delivering to a null LMTP sink, the policy
 ## daemon vs. postgrey, the receiver's memory with ten 25 MiB messages at once, what storing a MiB
 ## costs PostgreSQL, and the milter's content check alone (see README)
-bench-mail: install database mail-tools
+bench-mail: install database bench-tools
 	$(NODE) test/bench/mail-bench.ts
 	$(NODE) test/bench/policy-bench.ts
 	$(NODE) test/bench/lmtp-memory.ts

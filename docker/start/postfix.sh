@@ -6,9 +6,9 @@
 #
 # Renders main.cf and master.cf from postfix/ with src/cli/render-postfix.ts, the renderer `make run`
 # uses, from the service's variables (MAIL_DOMAIN, SMTP_HOST, SMTP_PORT, POLICY_PORT, MILTER_PORT,
-# LMTP_PORT, AUTHSERV_ID, MAX_MESSAGE_BYTES) and POSTCONF_<parameter> overrides. `postfix check`
-# then creates what is missing in the queue (a fresh volume) and fails on a configuration Postfix
-# refuses. `postfix start-fg` runs the master as this container's PID 1 (`master -i`): docker stop's
+# LMTP_PORT, AUTHSERV_ID, MAX_MESSAGE_BYTES, RESERVATION_TTL_SECONDS) and POSTCONF_<parameter>
+# overrides. `postfix check` then creates what is missing in the queue (a fresh volume) and fails on
+# a configuration Postfix refuses. `postfix start-fg` runs the master as this container's PID 1 (`master -i`): docker stop's
 # SIGTERM stops Postfix, and mail in the queue volume waits for the next start.
 #
 # Where the instance lives (defaults: the Debian layout of the image; maillog to the container's log):

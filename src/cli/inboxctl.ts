@@ -3,9 +3,9 @@
  * inboxctl - the operator's command line: migrate the database, provision an inbox while provisioning
  * is closed, cancel an inbox for abuse, and keep the registry of opted-out sender domains.
  *
- * Run as `npx inboxctl ...` (or `npm run inboxctl -- ...`) from the repository root; `--help` lists the
- * commands. It listens on nothing. It reads the service's environment (DATABASE_URL, SECRET_KEY, ...)
- * and its database, through the same core services as the API (run-command.ts).
+ * Run as `npx --no-install inboxctl ...` (or `npm run inboxctl -- ...`) from the repository root;
+ * `--help` lists the commands. It listens on nothing. It reads the service's environment (DATABASE_URL,
+ * SECRET_KEY, ...) and its database, through the same core services as the API (run-command.ts).
  *
  * Output: results on stdout, diagnostics on stderr. Exit status (sysexits): 0 done; 1 the command
  * failed (unknown inbox, opted-out domain, database unreachable); 64 bad arguments; 78 bad
