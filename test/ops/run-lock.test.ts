@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -19,7 +20,11 @@ before(async () => {
 });
 after(() => rm(base, { recursive: true, force: true }));
 
-/** Runs `main.ts all` stand-ins that each try the lock at `start` and hold it for a while. */
+/**
+ * Runs `main.ts all` stand-ins that each try the lock at `start`; the one that gets it holds it until
+ * every one has said how it fared (a fixed hold let a racer that started late on a busy machine find
+ * the lock released and take it too).
+ */
 async function race(dir: string, count: number): Promise<string[]> {
   const script = join(base, 'main.ts');
   await writeFile(
@@ -30,26 +35,26 @@ async function race(dir: string, count: number): Promise<string[]> {
      try {
        const lock = await lockRunDir(process.argv[4]);
        process.stdout.write('GOT');
-       await new Promise((resolve) => setTimeout(resolve, 400));
+       process.stdin.resume();
+       await new Promise((resolve) => process.stdin.once('end', resolve));
        await lock.release();
      } catch (error) {
        process.stdout.write(error.constructor.name);
      }`,
   );
   const start = String(Date.now() + 800);
-  return Promise.all(
-    Array.from({ length: count }, async () => {
-      const child = spawn(process.execPath, [script, 'all', start, dir], {
-        stdio: ['ignore', 'pipe', 'inherit'],
-      });
-      let out = '';
-      child.stdout.on('data', (data: Buffer) => {
-        out += data.toString();
-      });
-      await new Promise((resolve) => child.once('exit', resolve));
-      return out;
+  const children = Array.from({ length: count }, () =>
+    spawn(process.execPath, [script, 'all', start, dir], { stdio: ['pipe', 'pipe', 'inherit'] }),
+  );
+  const outcomes = await Promise.all(
+    children.map(async (child) => {
+      const [said] = (await once(child.stdout, 'data')) as [Buffer];
+      return said.toString();
     }),
   );
+  for (const child of children) child.stdin.end();
+  await Promise.all(children.map((child) => (child.exitCode === null ? once(child, 'exit') : undefined)));
+  return outcomes;
 }
 
 test('of processes taking the lock at the same instant, one gets it and the others are told who has it', async () => {

@@ -316,7 +316,8 @@ test('jobs: a batch in flight at SIGTERM commits, the job stops before its next 
 test('a SIGTERM while start-up hangs (a database that accepts and never answers) still exits within the grace plus 10 s', {
   timeout: 40_000,
 }, async () => {
-  const silent = net.createServer(() => {}); // accepts, never answers
+  const silent = net.createServer(); // accepts, never answers
+  const reached = once(silent, 'connection');
   silent.listen(0, '127.0.0.1');
   await once(silent, 'listening');
   const port = (silent.address() as net.AddressInfo).port;
@@ -328,7 +329,9 @@ test('a SIGTERM while start-up hangs (a database that accepts and never answers)
       output += data.toString();
     });
     const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
-    await sleep(2000);
+    // Start-up hangs from its first connection to the database on (the signal handlers come before it;
+    // a fixed 2 s wait could signal a process still loading on a busy machine, before them).
+    await reached;
     child.kill('SIGTERM');
     const began = Date.now();
     const code = await Promise.race([exited, sleep(20_000).then(() => 'hung' as const)]);
