@@ -10,6 +10,7 @@
  */
 import { once } from 'node:events';
 import { PassThrough } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { claimsAuthservId } from '../core/authentication-results.ts';
 import type { MessageAdmission } from '../core/message-admission.ts';
 import type { Authenticator, AuthVerdict, MessageKey } from '../core/ports.ts';
@@ -24,15 +25,33 @@ import { verifiableHeaders } from './signature-limits.ts';
 
 const AUTH_RESULTS = 'authentication-results';
 
+/**
+ * The waits between attempts to withdraw the reservations of an accept the MTA never heard (ms; about
+ * ten minutes in all). It most often fails because PostgreSQL went away, which is also what lost the
+ * answer: tried once, the reservation stayed until the clean-up job (RESERVATION_TTL_SECONDS, six days)
+ * and turned the sender's retry into a quota refusal. Withdrawing is idempotent (only rows still in
+ * flight go, and Postfix queued nothing under their queue id).
+ */
+export const WITHDRAW_RETRY_MS: readonly number[] = [
+  1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000,
+];
+
 export class MilterCheck implements MilterHandler {
   readonly #admission: MessageAdmission;
   readonly #authenticator: Authenticator;
   readonly #authservId: string;
+  readonly #withdrawRetryMs: readonly number[];
 
-  constructor(admission: MessageAdmission, authenticator: Authenticator, authservId: string) {
+  constructor(
+    admission: MessageAdmission,
+    authenticator: Authenticator,
+    authservId: string,
+    withdrawRetryMs = WITHDRAW_RETRY_MS,
+  ) {
     this.#admission = admission;
     this.#authenticator = authenticator;
     this.#authservId = authservId.toLowerCase();
+    this.#withdrawRetryMs = withdrawRetryMs;
   }
 
   beginMessage(envelope: MilterEnvelope, headers: MilterHeader[]): MessageConsumer {
@@ -95,6 +114,15 @@ export class MilterCheck implements MilterHandler {
         stream.destroy();
       },
       undelivered: async () => {
+        for (const wait of this.#withdrawRetryMs) {
+          try {
+            await this.#admission.withdraw(reserved);
+            return;
+          } catch {
+            // Pending timers must not hold a stopping process open: what is left then is the job's.
+            await sleep(wait, undefined, { ref: false });
+          }
+        }
         await this.#admission.withdraw(reserved);
       },
     };

@@ -137,3 +137,45 @@ test('a reservation that committed but whose call failed (the answer lost on the
   assert.equal(await used(inbox), 0);
   assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QGHOST1'`), 0);
 });
+
+test('a withdrawal that fails (PostgreSQL still away) is tried again until it goes through', async () => {
+  const inbox = await h.provision();
+  const store = h.container.resolve<MessageStore>(TOKENS.MessageStore);
+  let failures = 2;
+  const outage = new Proxy(store, {
+    get(target, name) {
+      if (name === 'withdrawReservations')
+        return async (keys: Parameters<MessageStore['withdrawReservations']>[0]) => {
+          if (failures-- > 0) throw new Error('connect ECONNREFUSED 127.0.0.1:5432');
+          return target.withdrawReservations(keys);
+        };
+      const value = Reflect.get(target, name);
+      return typeof value === 'function' ? value.bind(target) : value;
+    },
+  });
+  const admission = new MessageAdmission(
+    h.container.resolve(TOKENS.InboxStore),
+    outage,
+    h.clock,
+    h.container.resolve(TOKENS.SmtpReplies),
+    h.config,
+  );
+  const retrying = new MilterCheck(
+    admission,
+    new MailauthAuthenticator(h.config.authservId, { resolve: resolveInZone } as unknown as CachingLookup),
+    h.config.authservId,
+    [10, 10, 10],
+  );
+  const consumer = retrying.beginMessage(
+    milterEnvelope({ queueId: 'QOUTAGE1', recipients: [inbox.address] }),
+    headers,
+  );
+  await consumer.body(Buffer.from('body\r\n'));
+  assert.equal((await consumer.end()).verdict.kind, 'accept');
+  assert.ok((await used(inbox)) > 0, 'the accept reserved quota');
+
+  await consumer.undelivered();
+  assert.equal(failures, -1, 'two failed attempts, then one that went through');
+  assert.equal(await used(inbox), 0);
+  assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QOUTAGE1'`), 0);
+});
