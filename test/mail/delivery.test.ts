@@ -22,6 +22,9 @@ test('a plain message arrives: poll lists every summary field and the download i
     subject: '=?UTF-8?Q?Caf=C3=A9_code?=',
     messageId: '<plain-1@allowed.test>',
   });
+  // The clock moves only by hand: received (the store) and first listed (the poll) happen at `sent`.
+  s.clock.advance(7);
+  const sent = s.clock.now().getTime();
   const replies = await s.send({ from: 'bounces@allowed.test', to: [inbox.address], message });
   assert.equal(replies.greeting.code, 220);
   assert.equal(replies.rcpt[0]?.code, 250);
@@ -33,6 +36,11 @@ test('a plain message arrives: poll lists every summary field and the download i
     return r.json.messages.length > 0 ? r.json : undefined;
   });
   const [m] = poll.messages;
+  assert.match(m.message_id, /^msg_[0-9a-z]+$/);
+  assert.equal(m.url, `${s.config.publicBaseUrl}/v1/inboxes/${inbox.inbox_id}/messages/${m.message_id}`);
+  assert.equal(Date.parse(m.received_at), sent);
+  // Listed, never downloaded: deleted UNCLAIMED_SECONDS after its first listing.
+  assert.equal(Date.parse(m.delete_after), sent + s.config.unclaimedSeconds * 1000);
   assert.deepEqual(m.from, { name: 'Jürgen Sender', address: 'jurgen@allowed.test' });
   assert.equal(m.envelope_from, 'bounces@allowed.test');
   assert.equal(m.subject, 'Café code');

@@ -16,7 +16,7 @@ import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { dkimSignFor } from '../support/dns-zone.ts';
 import { type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
 import { type SenderPostfix, startSenderPostfix } from '../support/sender-postfix.ts';
-import { sendMail } from '../support/smtp-client.ts';
+import { SmtpClient, sendMail } from '../support/smtp-client.ts';
 
 const NOT_ALLOWED = '451 4.7.1 svc.test: sender not allowed by this inbox, try again later';
 const SEPARATE = 'Recipient address rejected: svc.test: send this recipient in a separate transaction';
@@ -404,4 +404,35 @@ test('a second recipient with a different allowlist gets 452 4.5.3 at RCPT and i
   );
   assert.equal(deferred.length, 1, log);
   assert.deepEqual((await poll(first)).rejections, []);
+});
+
+test('recipients that agreed at RCPT and diverge before end of data (an allowlist changed meanwhile) get 451 4.5.3, nothing kept', async () => {
+  const first = await s.provision();
+  const second = await s.provision();
+  const { client } = await SmtpClient.open(s.smtpPort, { localAddress: '127.0.0.3' });
+  try {
+    assert.equal((await client.command('EHLO mail.sender.test')).code, 250);
+    assert.equal((await client.command('MAIL FROM:<bounces@allowed.test>')).code, 250);
+    // Both take mail from anyone: one group at RCPT.
+    assert.equal((await client.command(`RCPT TO:<${first.address}>`)).code, 250);
+    assert.equal((await client.command(`RCPT TO:<${second.address}>`)).code, 250);
+    const put = await s.api.put(`/v1/inboxes/${second.inbox_id}/sender-domains`, {
+      token: second.credentials.owner,
+      body: { sender_domains: ['other.test'] },
+    });
+    assert.equal(put.status, 200, put.text);
+    // Authenticated allowed.test mail: the first inbox would take it, the second no longer would.
+    const { end } = await client.data(plainMessage({ to: first.address, from: 'alice@allowed.test' }));
+    assert.equal(end?.text, '451 4.5.3 svc.test: recipients need separate transactions, try again');
+  } finally {
+    await client.quit();
+  }
+  for (const inbox of [first, second]) {
+    const status = await s.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.owner });
+    assert.deepEqual(
+      [status.json.message_count, status.json.quota_used_bytes, status.json.rejection_count],
+      [0, 0, 0],
+      inbox.inbox_id,
+    );
+  }
 });
