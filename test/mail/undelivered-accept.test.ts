@@ -98,32 +98,46 @@ test('undoing removes only what that accept reserved and is still in flight', as
   assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QREFUSED1'`), 0);
 });
 
-test('a reservation that committed but whose call failed (the answer lost on the way back) is withdrawn at once', async () => {
-  const inbox = await h.provision();
+/** The message store with one method replaced, as a lossy connection or an outage would make it. */
+function storeWith<K extends keyof MessageStore>(
+  name: K,
+  replace: (target: MessageStore) => MessageStore[K],
+): MessageStore {
   const store = h.container.resolve<MessageStore>(TOKENS.MessageStore);
-  // The statement commits, then its answer never arrives: the milter sees an error, answers `t`.
-  const lossy = new Proxy(store, {
-    get(target, name) {
-      if (name === 'reserveAll')
-        return async (reservations: Parameters<MessageStore['reserveAll']>[0]) => {
-          await target.reserveAll(reservations);
-          throw new Error('Connection terminated unexpectedly');
-        };
-      const value = Reflect.get(target, name);
+  return new Proxy(store, {
+    get(target, key) {
+      if (key === name) return replace(target);
+      const value = Reflect.get(target, key);
       return typeof value === 'function' ? value.bind(target) : value;
     },
   });
+}
+
+/** A MilterCheck over the real admission rules and `store`. */
+function checkOver(store: MessageStore, withdrawRetryMs?: readonly number[]): MilterCheck {
   const admission = new MessageAdmission(
     h.container.resolve(TOKENS.InboxStore),
-    lossy,
+    store,
     h.clock,
     h.container.resolve(TOKENS.SmtpReplies),
     h.config,
   );
-  const failing = new MilterCheck(
+  return new MilterCheck(
     admission,
     new MailauthAuthenticator(h.config.authservId, { resolve: resolveInZone } as unknown as CachingLookup),
     h.config.authservId,
+    withdrawRetryMs,
+  );
+}
+
+test('a reservation that committed but whose call failed (the answer lost on the way back) is withdrawn at once', async () => {
+  const inbox = await h.provision();
+  // The statement commits, then its answer never arrives: the milter sees an error, answers `t`.
+  const failing = checkOver(
+    storeWith('reserveAll', (target) => async (reservations) => {
+      await target.reserveAll(reservations);
+      throw new Error('Connection terminated unexpectedly');
+    }),
   );
   const consumer = failing.beginMessage(
     milterEnvelope({ queueId: 'QGHOST1', recipients: [inbox.address] }),
@@ -140,30 +154,12 @@ test('a reservation that committed but whose call failed (the answer lost on the
 
 test('a withdrawal that fails (PostgreSQL still away) is tried again until it goes through', async () => {
   const inbox = await h.provision();
-  const store = h.container.resolve<MessageStore>(TOKENS.MessageStore);
   let failures = 2;
-  const outage = new Proxy(store, {
-    get(target, name) {
-      if (name === 'withdrawReservations')
-        return async (keys: Parameters<MessageStore['withdrawReservations']>[0]) => {
-          if (failures-- > 0) throw new Error('connect ECONNREFUSED 127.0.0.1:5432');
-          return target.withdrawReservations(keys);
-        };
-      const value = Reflect.get(target, name);
-      return typeof value === 'function' ? value.bind(target) : value;
-    },
-  });
-  const admission = new MessageAdmission(
-    h.container.resolve(TOKENS.InboxStore),
-    outage,
-    h.clock,
-    h.container.resolve(TOKENS.SmtpReplies),
-    h.config,
-  );
-  const retrying = new MilterCheck(
-    admission,
-    new MailauthAuthenticator(h.config.authservId, { resolve: resolveInZone } as unknown as CachingLookup),
-    h.config.authservId,
+  const retrying = checkOver(
+    storeWith('withdrawReservations', (target) => async (keys) => {
+      if (failures-- > 0) throw new Error('connect ECONNREFUSED 127.0.0.1:5432');
+      return target.withdrawReservations(keys);
+    }),
     [10, 10, 10],
   );
   const consumer = retrying.beginMessage(
