@@ -1,7 +1,7 @@
 /**
  * bounded-map - a Map that holds at most `max` entries, dropping the oldest-set one first. The
- * per-process caches (poll-cache.ts, usage-cache.ts, storage/recipient-lookup.ts) keep their memory
- * bounded with it.
+ * per-process caches (usage-cache.ts, storage/recipient-lookup.ts) keep their memory bounded with it;
+ * poll-cache.ts, whose pages vary in size, counts bytes itself.
  */
 export class BoundedMap<K, V> {
   readonly #entries = new Map<K, V>();
