@@ -58,6 +58,15 @@ export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
  */
 export const JOB_LOCK_LEASE_MS = 60_000;
 
+/**
+ * drop-tombstones' pick ($1 deleted before, $2 reserved before, $3 now, $4 limit): rows past their 410
+ * window and their reservation's horizon, in live inboxes, found through messages_tombstone_horizon.
+ */
+export const TOMBSTONE_PICK_SQL = `SELECT d.inbox_id, d.message_id FROM messages d JOIN inboxes i ON i.inbox_id = d.inbox_id
+  WHERE d.state = 'deleted' AND d.deleted_at <= $1 AND d.reserved_at <= $2 AND i.expires_at > $3
+    AND d.deleted_reason <> 'released'
+  LIMIT $4 FOR UPDATE OF d SKIP LOCKED`;
+
 export class PgSweeperStore implements SweeperStore {
   readonly #db: Database;
   readonly #leaseMs: number;
@@ -318,11 +327,7 @@ export class PgSweeperStore implements SweeperStore {
     const rows = await this.#batch((client) =>
       query(
         client,
-        `WITH k AS MATERIALIZED (
-         SELECT d.inbox_id, d.message_id FROM messages d JOIN inboxes i ON i.inbox_id = d.inbox_id
-         WHERE d.state = 'deleted' AND d.deleted_at <= $1 AND d.reserved_at <= $2 AND i.expires_at > $3
-           AND d.deleted_reason <> 'released'
-         LIMIT $4 FOR UPDATE OF d SKIP LOCKED)
+        `WITH k AS MATERIALIZED (${TOMBSTONE_PICK_SQL})
        DELETE FROM messages m USING k
        WHERE m.inbox_id = k.inbox_id AND m.message_id = k.message_id RETURNING 1`,
         [deletedBefore, reservedBefore, now, limit],

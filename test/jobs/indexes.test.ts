@@ -12,7 +12,7 @@ import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { LIST_EVENTS_SQL } from '../../src/storage/message-store.ts';
-import { EXPIRE_PICK_SQL } from '../../src/storage/sweeper-store.ts';
+import { EXPIRE_PICK_SQL, TOMBSTONE_PICK_SQL } from '../../src/storage/sweeper-store.ts';
 import { USAGE_WHERE } from '../../src/storage/usage.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverMany, testJobs } from '../support/jobs.ts';
@@ -105,13 +105,21 @@ test('delete-messages and drop-tombstones find their rows through their indexes'
     'custom',
   );
   assert.match(due, /messages_delete_due/, due);
+  // The job's own statement: until migration 20261206000000 its reserved_at condition made it read the
+  // whole table.
   const tombstones = await plan(
-    `SELECT inbox_id, message_id FROM messages WHERE state = 'deleted' AND deleted_at <= $1 LIMIT $2`,
-    ['timestamptz', 'int4'],
-    [new Date(now.getTime() - h.config.goneSeconds * 1000), 500],
+    TOMBSTONE_PICK_SQL,
+    ['timestamptz', 'timestamptz', 'timestamptz', 'int4'],
+    [
+      new Date(now.getTime() - h.config.goneSeconds * 1000),
+      new Date(now.getTime() - h.config.reservationTtlSeconds * 1000),
+      now,
+      500,
+    ],
     'custom',
   );
-  assert.match(tombstones, /messages_deleted_at/, tombstones);
+  assert.match(tombstones, /messages_tombstone_horizon/, tombstones);
+  assert.doesNotMatch(tombstones, /Seq Scan on messages/, tombstones);
 });
 
 test('expire-inboxes reaches messages through the expired inboxes, never by scanning the messages table', async () => {
