@@ -192,7 +192,11 @@ export function claimsAuthservId(raw: string, ours: string): boolean {
   return forms.some((value) => {
     const [first] = tokenize(value, 1) ?? [];
     if (!first || (first.kind !== 'word' && first.kind !== 'quoted')) return false;
-    return first.text.normalize('NFKC').replace(INVISIBLE, '').toLowerCase() === ours;
+    const visible = first.text.replace(INVISIBLE, '');
+    // Normalizing a long token costs milliseconds (a 54 KB field) and cannot make it our id: NFKC never
+    // drops a character that is not white space (removed already), and what it composes is not ASCII.
+    if (visible.length > 4 * ours.length + 16) return false;
+    return visible.normalize('NFKC').replace(INVISIBLE, '').toLowerCase() === ours;
   });
 }
 
@@ -209,9 +213,12 @@ function domainOf(identity: string | undefined): string | null {
       .trim(),
   );
   if (domain.startsWith('[') || isIP(domain) !== 0) return null;
-  // An internationalized name in its ASCII form (`xn--`), as DMARC's and the sender_domains list have it;
-  // a name that has none (not a host name) as written.
-  return domainToASCII(domain) || domain || null;
+  // An internationalized name in its ASCII form (`xn--`), as DMARC's and the sender_domains list have it.
+  // Only such a name: the URL host parser behind domainToASCII also percent-decodes and reads numbers
+  // as IPv4 addresses, so an ASCII name is kept as written, and one that has no ASCII form too.
+  if (/^[\x20-\x7e]*$/.test(domain) || domain.includes('%')) return domain || null;
+  const ascii = domainToASCII(domain);
+  return ascii && isIP(ascii) === 0 ? ascii : domain;
 }
 
 const NONE = { result: 'none', domain: null } as const;

@@ -33,6 +33,11 @@ const OBSERVED = `mx.svc.test;\r\n dkim=pass header.i=@allowed.test header.s=sel
 
 const CASES: [string, string, Authentication | null][] = [
   [
+    'ASCII names as written: no percent-decoding, no numbers read as addresses',
+    'mx.svc.test; dkim=pass header.d=%61llowed.test; spf=pass smtp.mailfrom=s@2130706433; dmarc=fail header.from=allowed.test',
+    auth(['fail', 'allowed.test'], ['pass', '%61llowed.test'], ['pass', '2130706433']),
+  ],
+  [
     'internationalized domains in their ASCII (xn--) form, as DMARC and sender_domains have them',
     'mx.svc.test; dkim=pass header.d=\u00e9vil.test; spf=pass smtp.mailfrom=\u00fc@\u00c9vil.test; dmarc=pass header.from=xn--vil-9la.test',
     auth(['pass', 'xn--vil-9la.test'], ['pass', 'xn--vil-9la.test'], ['pass', 'xn--vil-9la.test']),
@@ -154,6 +159,7 @@ test('claimsAuthservId: the first word or quoted string, after comments; nothing
     [bytes(' \uff4d\uff58.svc.test; dmarc=pass'), true],
     [' \xa0mx.svc.test; dmarc=pass', true],
     [' mx.svc.test.; dmarc=pass', false],
+    [` ${'\ufdfa'.repeat(27_000)}; dmarc=pass`, false],
     [' mx.svc.test/1; dmarc=pass', false],
     [' other.example; dmarc=pass', false],
     [' ; dmarc=pass', false],
