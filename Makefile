@@ -53,6 +53,7 @@ postgres:
 	version=$$(ls /etc/postgresql | sort -V | tail -1); \
 	echo "starting PostgreSQL $$version"; \
 	pg_ctlcluster --skip-systemctl-redirect $$version main start || true; \
+	pg_ctlcluster --skip-systemctl-redirect $$version main reload 2>/dev/null || true; \
 	for i in $$(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && exit 0; sleep 1; done; \
 	echo "PostgreSQL did not come up on 127.0.0.1:5432"; exit 1
 
