@@ -30,10 +30,19 @@ export interface ApiServer {
 }
 
 /** The API's HTTP server, not yet listening (the tests' harness serves the API through it too). */
-export function createApiServer(services: HttpServices): Server {
+/**
+ * How long a connection may make no progress at all (nothing read, nothing written) before the server
+ * ends it: a client that stops reading a download held its pending MiB in memory for as long as it
+ * kept the connection (a review: 100 stalled downloads of one inbox, 240 MB). Longer than keep-alive's
+ * 65 s, so only a stall ends a connection this way.
+ */
+export const STALL_TIMEOUT_MS = 120_000;
+
+export function createApiServer(services: HttpServices, stallTimeoutMs = STALL_TIMEOUT_MS): Server {
   // requireHostHeader off: the app answers a missing Host itself, with the contract's error body.
   const server = createServer({ requireHostHeader: false }, createApp(services).callback());
   server.keepAliveTimeout = 65_000;
+  server.timeout = stallTimeoutMs;
   answerClientErrors(server);
   return server;
 }

@@ -10,6 +10,7 @@ import { connect, createServer as createTcpServer, type Socket } from 'node:net'
 import { after, before, test } from 'node:test';
 import { type Config, loadConfig } from '../../src/config/config.ts';
 import { buildContainer, TOKENS } from '../../src/container.ts';
+import { createApiServer } from '../../src/daemons/api.ts';
 import { createApp } from '../../src/http/app.ts';
 import { answerClientErrors } from '../../src/http/client-errors.ts';
 import type { HttpServices } from '../../src/http/services.ts';
@@ -331,5 +332,29 @@ test('a poll limit that is an integer out of bounds is out_of_bounds however man
     assert.equal(response.status, 400);
     assert.deepEqual(response.json.error.code, 'out_of_bounds');
     assert.deepEqual(response.json.error.details, { field: 'limit', min: 1, max: 200, got: limit });
+  }
+});
+
+test('a connection on which nothing moves is ended after the stall timeout (as one whose client stops reading a download)', async () => {
+  // A stalled download is not reproducible here: this machine's receive buffers grow to 32 MiB and take
+  // a whole 25 MiB message. A connection that sends nothing stalls the same way: no read, no write.
+  const server = createApiServer(h.container.resolve<HttpServices>(TOKENS.HttpServices), 500);
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  try {
+    const socket = connect((server.address() as { port: number }).port, '127.0.0.1');
+    socket.on('error', () => {});
+    await once(socket, 'connect');
+    const started = Date.now();
+    const closed = once(socket, 'close').then(() => 'closed');
+    const outcome = await Promise.race([
+      closed,
+      new Promise((resolve) => setTimeout(resolve, 10_000, 'open')),
+    ]);
+    assert.equal(outcome, 'closed');
+    assert.ok(Date.now() - started >= 400, `${Date.now() - started} ms`);
+  } finally {
+    server.closeAllConnections();
+    server.close();
   }
 });
