@@ -9,7 +9,8 @@
  * runs beside the instance under test. Needs root like any Postfix. Call stop() in a finally/after
  * hook; it is idempotent.
  */
-import { createServer } from 'node:net';
+import { readFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { PostfixInstance } from '../../src/postfix/instance.ts';
 import { applyOverrides, fillTemplate, readTemplate } from '../../src/postfix/render.ts';
@@ -43,29 +44,45 @@ export async function freePort(host = '127.0.0.1'): Promise<number> {
   return port as number;
 }
 
-/** `count` distinct free ports: every probe stays bound until all have their port. */
-export async function freePorts(count: number, host = '127.0.0.1'): Promise<number[]> {
-  const servers = Array.from({ length: count }, () => createServer());
+/** Below the kernel's ephemeral range (net.ipv4.ip_local_port_range; Linux's default starts at 32768). */
+const HIGH_PORT = ephemeralStart() - 1;
+const LOW_PORT = Math.max(1024, HIGH_PORT - 12_000);
+
+function ephemeralStart(): number {
   try {
-    return await Promise.all(
-      servers.map(
-        (server) =>
-          new Promise<number>((done, fail) => {
-            server.once('error', fail);
-            server.listen(0, host, () => {
-              const address = server.address();
-              if (typeof address === 'object' && address) done(address.port);
-              else fail(new Error('no port'));
-            });
-          }),
-      ),
-    );
+    const low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
+    return low > 2048 ? low : 32_768;
+  } catch {
+    return 32_768;
+  }
+}
+
+/**
+ * `count` distinct free ports: every probe stays bound until all have their port. They are drawn below
+ * the kernel's ephemeral range (32768-60999 here), from which port-0 listeners and every outgoing
+ * connection take theirs: a port from that range, free when probed, was now and then taken before the
+ * process it was meant for bound it (Postfix: "bind 127.0.0.1 port 43875: Address already in use").
+ */
+export async function freePorts(count: number, host = '127.0.0.1'): Promise<number[]> {
+  const servers: Server[] = [];
+  try {
+    const ports: number[] = [];
+    for (let tries = 0; ports.length < count; tries++) {
+      if (tries > 1000) throw new Error(`no ${count} free ports between ${LOW_PORT} and ${HIGH_PORT}`);
+      const port = LOW_PORT + Math.floor(Math.random() * (HIGH_PORT - LOW_PORT + 1));
+      if (ports.includes(port)) continue;
+      const server = createServer();
+      const bound = await new Promise<boolean>((done) => {
+        server.once('error', () => done(false));
+        server.listen(port, host, () => done(true));
+      });
+      if (!bound) continue;
+      servers.push(server);
+      ports.push(port);
+    }
+    return ports;
   } finally {
-    await Promise.all(
-      servers.map(
-        (server) => new Promise<void>((done) => (server.listening ? server.close(() => done()) : done())),
-      ),
-    );
+    await Promise.all(servers.map((server) => new Promise<void>((done) => server.close(() => done()))));
   }
 }
 
