@@ -19,10 +19,13 @@
  * then the pool and the metrics server close and the process exits 0. Should that take more than the
  * grace plus 10 s, or a second signal come, the process exits 1 at once.
  */
+
+import type { DependencyContainer } from 'tsyringe';
 import { type Config, ConfigError, type Listen, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
 import { buildContainer, TOKENS } from './container.ts';
 import { applyHeapFlags } from './heap-flags.ts';
+import type { Log } from './log.ts';
 import { createLog } from './log.ts';
 import type { Health } from './ops/health.ts';
 import type { Metrics } from './ops/metrics.ts';
@@ -36,6 +39,22 @@ type Entry = (typeof ENTRIES)[number];
 /** A TCP listen with the port actually bound (port 0 picks one); a socket path as it was. */
 const boundListen = (listen: Listen, port: number | undefined): Listen =>
   'port' in listen && port !== undefined ? { ...listen, port } : listen;
+
+/** The mail daemons, in start order: each listens where its setting says, and Postfix is told where. */
+type Listener = {
+  close(): Promise<unknown>;
+  port?: number | undefined;
+  address: string;
+};
+const LISTENERS: readonly [
+  'policy' | 'milter' | 'lmtp',
+  'policyListen' | 'milterListen' | 'lmtpListen',
+  (container: DependencyContainer, log: Log) => Promise<Listener>,
+][] = [
+  ['policy', 'policyListen', async (c, l) => (await import('./daemons/policy.ts')).startPolicy(c, l)],
+  ['milter', 'milterListen', async (c, l) => (await import('./daemons/milter.ts')).startMilter(c, l)],
+  ['lmtp', 'lmtpListen', async (c, l) => (await import('./daemons/lmtp.ts')).startLmtp(c, l)],
+];
 
 interface Running {
   name: string;
@@ -131,30 +150,14 @@ async function main(argv: string[]): Promise<void> {
     if (stopping) throw new Error('stopping: start abandoned');
   };
   startup = (async () => {
-    if (entry === 'policy' || all) {
-      const { startPolicy } = await import('./daemons/policy.ts');
-      const server = await startPolicy(container, logOf('policy'));
-      running.push({ name: 'policy', close: () => server.close() });
-      bound.policyListen = boundListen(config.policyListen, server.port);
-      log({ msg: 'listening', policy: server.address });
+    for (const [name, listen, start] of LISTENERS) {
+      if (entry !== name && !all) continue;
+      const server = await start(container, logOf(name));
+      running.push({ name, close: () => server.close() });
+      bound[listen] = boundListen(config[listen], server.port);
+      log({ msg: 'listening', [name]: server.address });
+      checkpoint();
     }
-    checkpoint();
-    if (entry === 'milter' || all) {
-      const { startMilter } = await import('./daemons/milter.ts');
-      const server = await startMilter(container, logOf('milter'));
-      running.push({ name: 'milter', close: () => server.close() });
-      bound.milterListen = boundListen(config.milterListen, server.port);
-      log({ msg: 'listening', milter: server.address });
-    }
-    checkpoint();
-    if (entry === 'lmtp' || all) {
-      const { startLmtp } = await import('./daemons/lmtp.ts');
-      const server = await startLmtp(container, logOf('lmtp'));
-      running.push({ name: 'lmtp', close: () => server.close() });
-      bound.lmtpListen = boundListen(config.lmtpListen, server.port);
-      log({ msg: 'listening', lmtp: server.address });
-    }
-    checkpoint();
     if (entry === 'jobs' || all) {
       const { startJobs } = await import('./daemons/jobs.ts');
       const schedule = startJobs(container, logOf('jobs'));
