@@ -307,7 +307,6 @@ export class DeliveryService {
     });
   }
 
-  /** The inbox id of `<inbox_id>@<mail domain>` (both compared lowercased), else null. */
   /** The summary and authentication verdict; a parser bug degrades to the envelope, never to a 4xx loop. */
   #summarize(head: Buffer, envelopeFrom: string, queueId: string): DeliverySummary {
     let summary: MessageSummary = {
@@ -368,7 +367,7 @@ export class DeliveryService {
   }
 }
 
-/** A store still unfinished stallMs after its body was read (DeliveryService#storeWithin). */
+/** A store still unfinished storeDeadlineMs after its body was read (DeliveryService#storeWithin). */
 export class StoreOverdue extends Error {
   constructor(ms: number) {
     super(`store did not finish within ${ms} ms of reading its body`);

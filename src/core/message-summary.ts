@@ -5,9 +5,10 @@
  * Invariants:
  * - bounded: only the first MAX_HEADER_BYTES of the header block are looked at, which is the whole of
  *   any block the milter accepted (1 MiB from the client, plus Postfix's Received: and our
- *   Authentication-Results:); a field cut by that bound is read as far as it goes.  Until 2026-11-25
+ *   Authentication-Results:); a field cut by that bound is read as far as it goes. Until 2026-11-25
  *   the bound was 256 KiB, and a From:, Subject: or Message-ID: after it was taken for missing (the
- *   envelope sender listed as from, while DMARC had read the real From:). Each returned string is at most MAX_FIELD_CHARS characters;
+ *   envelope sender listed as from, while DMARC had read the real From:). Each returned string is at
+ *   most MAX_FIELD_CHARS characters;
  * - never throws on any input: bytes that are not UTF-8 decode as windows-1252, an encoded word is
  *   decoded as leniently as libmime does (characters outside base64 are skipped; an unknown charset
  *   passes its bytes through), NUL characters (which Postgres text refuses) are dropped, and other

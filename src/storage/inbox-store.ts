@@ -125,10 +125,12 @@ export class PgInboxStore implements InboxStore {
       if (!row) return { kind: 'expired' as const };
       const response = respond(toInbox(row), await this.usage(inboxId, now, client), now);
       if (key) {
+        // The same text twice: `response` (jsonb) for the code before migration 20261204000000.
+        const text = JSON.stringify(response);
         await client.query(
           `INSERT INTO extend_idempotency (inbox_id, key_hash, response, response_text, created_at)
            VALUES ($1, $2, $3, $4, $5)`,
-          [inboxId, key, JSON.stringify(response), JSON.stringify(response), now],
+          [inboxId, key, text, text, now],
         );
       }
       return { kind: 'extended' as const, response };
