@@ -17,6 +17,15 @@ import { PgInboxStore } from '../../src/storage/inbox-store.ts';
 import { CHUNK_BYTES, PgMessageStore } from '../../src/storage/message-store.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 
+/** A delivery's summary when nothing in it matters here. */
+const NO_SUMMARY = {
+  fromName: null,
+  fromAddress: null,
+  subject: null,
+  internetMessageId: null,
+  authentication: null,
+};
+
 let h: Harness;
 let db: Database;
 before(async () => {
@@ -93,13 +102,7 @@ test("a message reserved before its inbox was cancelled finds the cancel's tombs
   const stored = await messages.store(
     {
       ...reservation,
-      summary: {
-        fromName: null,
-        fromAddress: null,
-        subject: null,
-        internetMessageId: null,
-        authentication: null,
-      },
+      summary: NO_SUMMARY,
     },
     pieces(Buffer.from('late')),
   );
@@ -124,13 +127,7 @@ test('whole messages stored together into a cancelled inbox (one batch call) eac
           queueId: `QCXBATCH${i}`,
           envelopeFrom: 's@example.test',
           now,
-          summary: {
-            fromName: null,
-            fromAddress: null,
-            subject: null,
-            internetMessageId: null,
-            authentication: null,
-          },
+          summary: NO_SUMMARY,
         },
         pieces(randomBytes(2_000)),
       ),
@@ -186,13 +183,7 @@ test('a message stored, then deleted by the cancel, and delivered again (its 250
         queueId,
         envelopeFrom: 's@example.test',
         now: new Date(),
-        summary: {
-          fromName: null,
-          fromAddress: null,
-          subject: null,
-          internetMessageId: null,
-          authentication: null,
-        },
+        summary: NO_SUMMARY,
       },
       pieces(randomBytes(size)),
     );
