@@ -3,6 +3,7 @@
  * a container and resolve what they run; tests build one with a fake clock.
  */
 import 'reflect-metadata';
+import { randomUUID } from 'node:crypto';
 import { type DependencyContainer, instanceCachingFactory, container as rootContainer } from 'tsyringe';
 import type { Config } from './config/config.ts';
 import { Access } from './core/access.ts';
@@ -15,6 +16,7 @@ import { OptOuts } from './core/opt-outs.ts';
 import { PollService } from './core/poll-service.ts';
 import type { Gatekeeper, MessageStore, OptOutStore } from './core/ports.ts';
 import { RecipientAdmission } from './core/recipient-admission.ts';
+import { ReservationLedger } from './core/reservation-ledger.ts';
 import { Secrets } from './core/secrets.ts';
 import { smtpReplies } from './core/smtp-replies.ts';
 import type { HttpServices } from './http/services.ts';
@@ -30,6 +32,7 @@ import { PgGatekeeper } from './storage/gatekeeper.ts';
 import { InboxChangeFeed } from './storage/inbox-changes.ts';
 import { PgInboxStore } from './storage/inbox-store.ts';
 import { PgMessageStore } from './storage/message-store.ts';
+import { PgMilterIncarnations } from './storage/milter-incarnations.ts';
 import { PgOptOutStore } from './storage/opt-out-store.ts';
 import { PgRecipientLookup } from './storage/recipient-lookup.ts';
 import { PgSweeperStore } from './storage/sweeper-store.ts';
@@ -58,6 +61,8 @@ export const TOKENS = {
   SmtpReplies: Symbol('SmtpReplies'),
   RecipientAdmission: Symbol('RecipientAdmission'),
   MessageAdmission: Symbol('MessageAdmission'),
+  ReservationLedger: Symbol('ReservationLedger'),
+  MilterIncarnations: Symbol('MilterIncarnations'),
   MilterCheck: Symbol('MilterCheck'),
   DeliveryService: Symbol('DeliveryService'),
   SweeperStore: Symbol('SweeperStore'),
@@ -185,8 +190,12 @@ export function buildContainer(
         get(TOKENS.Clock),
         get(TOKENS.SmtpReplies),
         config,
+        get(TOKENS.ReservationLedger),
       ),
   );
+  // One per process: its incarnation names the reservations it makes (mail/orphan-sweep.ts).
+  single(TOKENS.ReservationLedger, () => new ReservationLedger(randomUUID(), get(TOKENS.Clock)));
+  single(TOKENS.MilterIncarnations, () => new PgMilterIncarnations(get(TOKENS.Database)));
   single(
     TOKENS.MilterCheck,
     () => new MilterCheck(get(TOKENS.MessageAdmission), get(TOKENS.Authenticator), config.authservId),

@@ -79,6 +79,7 @@ function recording(readsBody: boolean) {
   };
   const sizes: number[] = [];
   const admission = {
+    open: () => () => {},
     admit: async (facts: { sizeBytes: number }) => {
       sizes.push(facts.sizeBytes);
       return { kind: 'accept' };

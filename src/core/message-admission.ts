@@ -17,6 +17,7 @@ import { inboxIdOf, inMailDomain } from './mail-address.ts';
 import type { InboxRecord } from './model.ts';
 import { OptOuts } from './opt-outs.ts';
 import type { AuthVerdict, InboxStore, MessageKey, MessageStore } from './ports.ts';
+import type { ReservationLedger } from './reservation-ledger.ts';
 import { domainAndParents } from './sender-domains.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
 import { ACCEPT, type Refusal, type Verdict } from './verdict.ts';
@@ -96,19 +97,31 @@ export class MessageAdmission {
   readonly #clock: Clock;
   readonly #replies: SmtpReplies;
   readonly #settings: MessageSettings;
+  readonly #ledger: ReservationLedger | null;
 
+  /** `ledger`: this milter process's, whose incarnation each reservation names (reservation-ledger.ts). */
   constructor(
     inboxes: InboxStore,
     messages: MessageStore,
     clock: Clock,
     replies: SmtpReplies,
     settings: MessageSettings,
+    ledger: ReservationLedger | null = null,
   ) {
     this.#inboxes = inboxes;
     this.#messages = messages;
     this.#clock = clock;
     this.#replies = replies;
     this.#settings = settings;
+    this.#ledger = ledger;
+  }
+
+  /**
+   * Opens a decision in this process's ledger (reservation-ledger.ts): called before admit(); the
+   * caller closes it once the answer was handed to the MTA, or what admit() reserved was withdrawn.
+   */
+  open(): () => void {
+    return this.#ledger?.open() ?? (() => {});
   }
 
   /**
@@ -172,6 +185,7 @@ export class MessageAdmission {
       receivedAllowance(facts.trace, facts.recipients);
     // Every recipient was accepted above, so every inbox exists.
     const inboxIds = [...new Set(targets.map((target) => (target as InboxRecord).inboxId))];
+    const reservedBy = this.#ledger?.owner() ?? null;
     const reservations = inboxIds.map((inboxId) => ({
       inboxId,
       messageId: newMessageId(),
@@ -179,6 +193,7 @@ export class MessageAdmission {
       sizeBytes: reservedBytes,
       envelopeFrom: facts.envelopeFrom,
       now,
+      reservedBy,
     }));
     const keys = reservations.map(({ inboxId, messageId }) => ({ inboxId, messageId }));
     let outcome: Awaited<ReturnType<MessageStore['reserveAll']>>;

@@ -174,6 +174,11 @@ export interface Reservation {
   sizeBytes: number;
   envelopeFrom: string;
   now: Date;
+  /**
+   * The milter process (its incarnation) making it, so that what a dead one never answered can be
+   * released (mail/orphan-sweep.ts); null or absent: no owner, released only by the clean-up job.
+   */
+  reservedBy?: string | null;
 }
 
 export interface DeliverySummary {

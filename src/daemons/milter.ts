@@ -6,7 +6,9 @@
  *               the real size against the free quota; reserves the message in every recipient inbox;
  *               removes forged Authentication-Results with our authserv-id and inserts ours.
  * Reads/writes: reads inboxes, usage, opt-outs and DNS (DNS_SERVERS); writes reservations and records
- *               `sender_opted_out`, `sender_not_allowed` and `quota` rejections.
+ *               `sender_opted_out`, `sender_not_allowed` and `quota` rejections; every 10 s its
+ *               heartbeat, and releases what a milter silent for a minute reserved and never answered
+ *               (mail/orphan-sweep.ts).
  * On failure:   a message it cannot decide gets a tempfail (451); if the milter is down Postfix applies
  *               `milter_default_action = tempfail`. Never a 5xx for our own trouble.
  * On SIGTERM:   stops accepting; connections between transactions end at once; a transaction in
@@ -20,15 +22,18 @@ import type { DependencyContainer } from 'tsyringe';
 import type { Config } from '../config/config.ts';
 import { TOKENS } from '../container.ts';
 import { inboxIdOf } from '../core/mail-address.ts';
+import type { ReservationLedger } from '../core/reservation-ledger.ts';
 import { replyReason, type SmtpReplies } from '../core/smtp-replies.ts';
 import type { Verdict } from '../core/verdict.ts';
 import type { Log } from '../log.ts';
 import { loadMailauth } from '../mail/mailauth-authenticator.ts';
 import type { MilterCheck } from '../mail/milter-check.ts';
+import { startOrphanSweep } from '../mail/orphan-sweep.ts';
 import type { MilterHandler } from '../milter/handler.ts';
 import { startMilterServer } from '../milter/server.ts';
 import { HEADER_FIELD_TOO_LARGE, HEADERS_TOO_LARGE } from '../milter/session.ts';
 import type { Metrics } from '../ops/metrics.ts';
+import type { PgMilterIncarnations } from '../storage/milter-incarnations.ts';
 
 const STAGE = 'end_of_message';
 
@@ -49,6 +54,7 @@ export async function startMilter(container: DependencyContainer, log: Log) {
       return {
         body: (chunk) => consumer.body(chunk),
         abort: () => consumer.abort(),
+        delivered: () => consumer.delivered?.(),
         undelivered: () => consumer.undelivered(),
         end: async () => {
           const started = performance.now();
@@ -88,10 +94,24 @@ export async function startMilter(container: DependencyContainer, log: Log) {
     verdict === HEADERS_TOO_LARGE || verdict === HEADER_FIELD_TOO_LARGE
       ? 'header_too_large'
       : replyReason(replies, verdict);
-  return startMilterServer({
+  // Reservations name this process once its heartbeat row is written (mail/orphan-sweep.ts).
+  const sweep = startOrphanSweep(
+    container.resolve<ReservationLedger>(TOKENS.ReservationLedger),
+    container.resolve<PgMilterIncarnations>(TOKENS.MilterIncarnations),
+    log,
+  );
+  const server = await startMilterServer({
     listen: config.milterListen,
     handler,
     log,
     closeGraceMs: config.shutdownGraceSeconds * 1000,
   });
+  return {
+    ...server,
+    // The last heartbeat after the last answer: what a sweep may take for unanswered narrows to that.
+    close: async () => {
+      await server.close();
+      await sweep.stop();
+    },
+  };
 }

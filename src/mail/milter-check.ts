@@ -81,6 +81,7 @@ export class MilterCheck implements MilterHandler {
     // Nothing more to give: mailauth may work (DNS, DMARC) while the body is still arriving.
     if (!readsBody) stream.end();
     let reserved: MessageKey[] = [];
+    let close = () => {};
 
     return {
       body: async (chunk) => {
@@ -90,6 +91,9 @@ export class MilterCheck implements MilterHandler {
       end: async () => {
         if (readsBody) stream.end();
         const verdict = await auth.then((v) => (obsoleteDomain ? { ...v, unverifiableAuthor: true } : v));
+        // Open from before the reservation until the answer reached the MTA or it was withdrawn
+        // (core/reservation-ledger.ts): a process that dies meanwhile leaves it to the orphan sweep.
+        close = this.#admission.open();
         const decision = await this.#admission.admit(
           {
             queueId: envelope.queueId,
@@ -108,15 +112,20 @@ export class MilterCheck implements MilterHandler {
             reserved = keys;
           },
         );
+        if (reserved.length === 0) close();
         return { verdict: decision, edits: this.#edits(headers, verdict) };
       },
       abort: () => {
         stream.destroy();
       },
+      delivered: () => close(),
       undelivered: async () => {
+        // Closed only once withdrawn: if this process dies first, its heartbeat has not moved past this
+        // decision, and the orphan sweep releases what it reserved (orphan-sweep.ts).
         for (const wait of this.#withdrawRetryMs) {
           try {
             await this.#admission.withdraw(reserved);
+            close();
             return;
           } catch {
             // Pending timers must not hold a stopping process open: what is left then is the job's.
@@ -124,6 +133,7 @@ export class MilterCheck implements MilterHandler {
           }
         }
         await this.#admission.withdraw(reserved);
+        close();
       },
     };
   }

@@ -66,6 +66,11 @@ export interface MessageConsumer {
   /** The transaction was aborted (SMFIC_ABORT, new MAIL, QUIT, connection lost) before end(). Must not throw. */
   abort(): void;
   /**
+   * end()'s verdict was handed to the MTA (written to its connection). Must not throw. Exactly one of
+   * delivered() and undelivered() follows every end().
+   */
+  delivered?(): void;
+  /**
    * end() settled, but no verdict of it reached the MTA: the connection was lost first, the verdict
    * could not be sent, or end() failed or passed its deadline (answered `t` instead). Postfix then
    * applies milter_default_action or the `t` and queues nothing, so whatever end() did (for an

@@ -375,6 +375,7 @@ export class MilterSession {
       sent = 'tempfail'; // Postfix applies milter_default_action
     }
     if (replaced) this.#undelivered(tx, consumer);
+    else if (ended) consumer.delivered?.();
     this.#answered(tx, sent);
     return reply;
   }

@@ -132,6 +132,7 @@ export class PgMessageStore implements MessageStore {
         ordered.map((r) => r.sizeBytes),
         first.envelopeFrom,
         first.now,
+        first.reservedBy ?? null,
       ],
     );
     return row?.outcomes ?? [];

@@ -3,7 +3,8 @@
  * alone, reserve_messages; several for one inbox, one reserve_message_batch call
  * (migrations/20261127000000_inbox_batches.ts), which makes each exactly as reserve_messages does, in
  * the order given, each one's quota check counting the ones before it. A message for several inboxes
- * is reserved in all of them or none by one reserve_messages call of its own (message-store.ts).
+ * is reserved in all of them or none by one reserve_messages call of its own (message-store.ts). Each
+ * row names the milter process that reserved it (Reservation.reservedBy; mail/orphan-sweep.ts).
  */
 import type { Reservation } from '../core/ports.ts';
 import type { Database } from './database.ts';
@@ -12,8 +13,8 @@ import { InboxBatcher, inOrder } from './inbox-batcher.ts';
 export type ReserveOutcome = 'reserved' | 'exists' | 'over_quota';
 
 /** The same statement as a reservation in several inboxes (message-store.ts), with arrays of one. */
-export const RESERVE_SQL = 'SELECT reserve_messages($1, $2, $3, $4, $5, $6) AS outcomes';
-const BATCH_SQL = 'SELECT n, outcome FROM reserve_message_batch($1, $2, $3, $4, $5, $6)';
+export const RESERVE_SQL = 'SELECT reserve_messages($1, $2, $3, $4, $5, $6, $7) AS outcomes';
+const BATCH_SQL = 'SELECT n, outcome FROM reserve_message_batch($1, $2, $3, $4, $5, $6, $7)';
 
 export function singleInboxReservations(db: Database): InboxBatcher<Reservation, ReserveOutcome> {
   return new InboxBatcher<Reservation, ReserveOutcome>({
@@ -25,6 +26,7 @@ export function singleInboxReservations(db: Database): InboxBatcher<Reservation,
         [r.sizeBytes],
         r.envelopeFrom,
         r.now,
+        r.reservedBy ?? null,
       ]);
       const [outcome] = row?.outcomes ?? [];
       if (!outcome) throw new Error('reserve_messages returned no outcome');
@@ -39,6 +41,8 @@ export function singleInboxReservations(db: Database): InboxBatcher<Reservation,
         column((r) => r.sizeBytes),
         column((r) => r.envelopeFrom),
         column((r) => r.now.toISOString()),
+        // One process's reservations: one owner (migrations/20261207000000_reservation_owner.ts).
+        reservations[0]?.reservedBy ?? null,
       ]);
       return inOrder(rows, reservations.length).map((row) => row.outcome);
     },

@@ -29,6 +29,7 @@ const headersOf = milterMessage;
 function admissionRecording(): { facts: MessageFacts[]; admission: MessageAdmission } {
   const facts: MessageFacts[] = [];
   const admission = {
+    open: () => () => {},
     admit: async (f: MessageFacts) => {
       facts.push(f);
       return { kind: 'accept' };

@@ -21,6 +21,7 @@ export interface Recorded {
   chunks: Buffer[];
   ended: number;
   aborted: number;
+  delivered: number;
   undelivered: number;
 }
 
@@ -47,7 +48,15 @@ export class FakeHandler implements MilterHandler {
 
   beginMessage(envelope: MilterEnvelope, headers: MilterHeader[]): MessageConsumer {
     this.begin(envelope);
-    const message: Recorded = { envelope, headers, chunks: [], ended: 0, aborted: 0, undelivered: 0 };
+    const message: Recorded = {
+      envelope,
+      headers,
+      chunks: [],
+      ended: 0,
+      aborted: 0,
+      delivered: 0,
+      undelivered: 0,
+    };
     this.messages.push(message);
     return {
       body: (chunk) => {
@@ -60,6 +69,9 @@ export class FakeHandler implements MilterHandler {
       },
       abort: () => {
         message.aborted++;
+      },
+      delivered: () => {
+        message.delivered++;
       },
       undelivered: async () => {
         message.undelivered++;

@@ -374,6 +374,7 @@ describe('failures become tempfail', () => {
     assert.equal(await headers(mta, []), 'c');
     assert.deepEqual(await bodyAndEnd(mta, ['x\r\n']), ['c']);
     assert.equal(handler.messages[0]?.undelivered, 0);
+    assert.equal(handler.messages[0]?.delivered, 1, 'a verdict sent is delivered, once');
 
     // Postfix gives up waiting (milter_content_timeout) while the verdict is being decided: an accept
     // decided after that is undone. Lost while end() is pending, and end() then fails: what it did
@@ -414,6 +415,7 @@ describe('failures become tempfail', () => {
       await sleep(20);
       assert.equal(lost().length, lostBefore + 1);
       assert.equal(handler.messages.at(-1)?.undelivered, expected);
+      assert.equal(handler.messages.at(-1)?.delivered, 0);
       assert.equal(handler.messages.at(-1)?.aborted, 0);
     }
   });
@@ -501,6 +503,7 @@ describe('flow control', () => {
     assert.deepEqual(await bodyAndEnd(mta, ['x\r\n']), ['t']);
     await sleep(20);
     assert.equal(handler.messages[0]?.undelivered, 1);
+    assert.equal(handler.messages[0]?.delivered, 0);
   });
 
   test('an end() past the decision deadline that then fails is undone too', async () => {
@@ -539,6 +542,7 @@ describe('flow control', () => {
     decide();
     await sleep(20);
     assert.equal(handler.messages[0]?.undelivered, 1);
+    assert.equal(handler.messages[0]?.delivered, 0, 'the late accept never reached the MTA');
     // The connection goes on: the next message is decided as usual.
     handler.end = async () => ({ verdict: ACCEPT });
     mta.mail('<s@allowed.test>');
