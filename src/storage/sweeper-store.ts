@@ -53,8 +53,10 @@ export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
   LIMIT $2 FOR SHARE OF i SKIP LOCKED`;
 
 /**
- * How long a job's lock outlives a holder that stopped answering: its session's `idle_session_timeout`,
- * which the holder keeps from firing with a query every third of it while its run goes on.
+ * How long what a job holds outlives a holder that stopped answering (a paused VM, a stopped process,
+ * whose kernel still answers TCP keepalives): its lock, through the lock session's `idle_session_timeout`,
+ * which the holder keeps from firing with a query every third of it while its run goes on; and the row
+ * locks of the batch it was in, through the batch's `idle_in_transaction_session_timeout`.
  */
 export const JOB_LOCK_LEASE_MS = 60_000;
 
@@ -80,10 +82,22 @@ export class PgSweeperStore implements SweeperStore {
    * One batch: a transaction planned for its actual cutoffs. The pool plans every statement generically
    * (storage/database.ts), which for a range such as `delete_after <= $1` guesses a third of the table
    * and scans it all; a sweep runs rarely, so planning each statement with its values costs nothing.
+   *
+   * The transaction is a lease too: left idle for #leaseMs, PostgreSQL ends its session, and the row
+   * locks go with it (inbox rows that deliveries update, messages they store into), which a process that
+   * froze within a batch would otherwise keep for as long as it is frozen, every delivery needing one of
+   * them failing with a 4xx after lock_timeout meanwhile. The job lock's length: a holder frozen for
+   * less keeps both and carries on; one frozen for longer loses both, and on waking its batch fails
+   * (rolled back by the server, the connection destroyed), its run fails and logs it, and the next run
+   * does the work. A batch only runs its statements back to back, with no other wait between them (and
+   * must stay so), so a live one is never idle for more than milliseconds.
    */
   async #batch<T>(fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
     return this.#db.transaction(async (client) => {
-      await client.query('SET LOCAL plan_cache_mode = force_custom_plan');
+      await client.query(
+        `SET LOCAL plan_cache_mode = force_custom_plan;
+         SET LOCAL idle_in_transaction_session_timeout = ${Math.ceil(this.#leaseMs)}`,
+      );
       return fn(client);
     });
   }
