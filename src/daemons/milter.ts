@@ -108,7 +108,7 @@ export async function startMilter(container: DependencyContainer, log: Log) {
   });
   return {
     ...server,
-    // The last heartbeat after the last answer: what a sweep may take for unanswered narrows to that.
+    // After the last answer: the heartbeat row goes, or says what is still open (orphan-sweep.ts).
     close: async () => {
       await server.close();
       await sweep.stop();

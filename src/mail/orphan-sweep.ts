@@ -33,7 +33,11 @@ export const ORPHAN_SWEEP: OrphanSweepTiming = { intervalMs: 10_000, leaseSecond
 export interface OrphanSweep {
   /** Settles after the first heartbeat and sweep (whether they worked). */
   readonly started: Promise<void>;
-  /** Stops the timer, then writes one last heartbeat (best effort). */
+  /**
+   * Stops the timer; then, with no decision open, removes the heartbeat row (everything was answered:
+   * a sweep would only release answered reservations within the margin), else writes one last
+   * heartbeat. Best effort: what fails is left to the sweep.
+   */
   stop(): Promise<void>;
 }
 
@@ -94,7 +98,8 @@ export function startOrphanSweep(
       stopped = true;
       clearTimeout(timer);
       await running;
-      await beat().catch(() => {});
+      const last = ledger.openCount === 0 ? incarnations.forget(ledger.incarnation) : beat();
+      await last.catch(() => {});
     },
   };
 }

@@ -38,6 +38,13 @@ export class PgMilterIncarnations {
     );
   }
 
+  /** A milter that stopped with every reservation answered: nothing of it is left to sweep. */
+  async forget(incarnation: string): Promise<void> {
+    await this.#db.rows('milter-forget', 'DELETE FROM milter_incarnations WHERE incarnation_id = $1', [
+      incarnation,
+    ]);
+  }
+
   /**
    * Deletes the in-flight reservations of every milter silent for `leaseSeconds`, from `marginSeconds`
    * before its last `answered_before` on, then that milter's row once none of them is left. A row a

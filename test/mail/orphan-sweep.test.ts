@@ -198,3 +198,30 @@ test('a live milter keeps its reservations however long its answer takes, while 
     await slowSweep.stop();
   }
 });
+
+test('a milter that stops with everything answered leaves no heartbeat row; one with a decision open says so', async () => {
+  const rowOf = async (incarnation: string) => {
+    const { rows } = await h.container
+      .resolve<Database>(TOKENS.Database)
+      .pool.query<{ answered_before: Date }>(
+        'SELECT answered_before FROM milter_incarnations WHERE incarnation_id = $1',
+        [incarnation],
+      );
+    return rows[0];
+  };
+  const done = new ReservationLedger(randomUUID(), h.clock);
+  const doneSweep = startOrphanSweep(done, incarnations, () => {});
+  await doneSweep.started;
+  assert.ok(await rowOf(done.incarnation), 'a running milter has its row');
+  await doneSweep.stop();
+  assert.equal(await rowOf(done.incarnation), undefined);
+
+  const busy = new ReservationLedger(randomUUID(), h.clock);
+  const busySweep = startOrphanSweep(busy, incarnations, () => {});
+  await busySweep.started;
+  const opened = h.clock.now();
+  busy.open();
+  h.clock.advance(30);
+  await busySweep.stop();
+  assert.deepEqual((await rowOf(busy.incarnation))?.answered_before, opened);
+});
