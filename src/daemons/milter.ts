@@ -99,6 +99,8 @@ export async function startMilter(container: DependencyContainer, log: Log) {
     container.resolve<ReservationLedger>(TOKENS.ReservationLedger),
     container.resolve<PgMilterIncarnations>(TOKENS.MilterIncarnations),
     log,
+    undefined,
+    (count) => metrics.orphansReleased(count),
   );
   const server = await startMilterServer({
     listen: config.milterListen,

@@ -46,6 +46,7 @@ export function startOrphanSweep(
   incarnations: PgMilterIncarnations,
   log: Log,
   timing: OrphanSweepTiming = ORPHAN_SWEEP,
+  released: (count: number) => void = () => {},
 ): OrphanSweep {
   let timer: NodeJS.Timeout | undefined;
   let stopped = false;
@@ -61,6 +62,7 @@ export function startOrphanSweep(
       await beat();
       const release = await incarnations.releaseOrphans(timing.leaseSeconds, timing.marginSeconds);
       if (release.released > 0) {
+        released(release.released);
         log({
           level: 'warn',
           msg: 'released the reservations of a milter that stopped without answering them',

@@ -46,6 +46,7 @@ export class Metrics {
   readonly #jobRuns: Counter<'job' | 'outcome'>;
   readonly #jobRows: Counter<'job' | 'what'>;
   readonly #jobBytes: Counter<'job'>;
+  readonly #orphans: Counter;
   readonly #jobSeconds: Histogram<'job'>;
 
   constructor() {
@@ -113,6 +114,11 @@ export class Metrics {
       labelNames: ['job'],
       registers,
     });
+    this.#orphans = new Counter({
+      name: 'inbox_orphan_reservations_released_total',
+      help: 'Reservations of dead milters that never answered them, released by this milter (mail/orphan-sweep.ts)',
+      registers,
+    });
     this.#jobSeconds = new Histogram({
       name: 'inbox_job_seconds',
       help: 'Duration of one lifecycle job run',
@@ -120,6 +126,11 @@ export class Metrics {
       buckets: SECONDS,
       registers,
     });
+  }
+
+  /** Reservations of dead milters this one released (mail/orphan-sweep.ts). */
+  orphansReleased(count: number): void {
+    if (count > 0) this.#orphans.inc(count);
   }
 
   /** Reads the pool's use at each scrape. */

@@ -135,11 +135,16 @@ test('what a killed milter reserved and never answered is released by a live one
   assert.equal(refused.kind === 'accept' ? 'accept' : refused.code, 555);
 
   const logged: Record<string, unknown>[] = [];
-  const sweep = startOrphanSweep(replacement, incarnations, (line) => logged.push(line), {
-    intervalMs: 100,
-    leaseSeconds: 1,
-    marginSeconds: 0,
-  });
+  let counted = 0;
+  const sweep = startOrphanSweep(
+    replacement,
+    incarnations,
+    (line) => logged.push(line),
+    { intervalMs: 100, leaseSeconds: 1, marginSeconds: 0 },
+    (count) => {
+      counted += count;
+    },
+  );
   try {
     await until('the ghost is released', async () => (await used(ghosted)) === 0);
     assert.equal(await used(answered), held, 'the answered reservation is kept for its delivery');
@@ -159,6 +164,7 @@ test('what a killed milter reserved and never answered is released by a live one
       logged.some((line) => line.level === 'warn' && line.reservations === 1 && line.milters === 1),
       JSON.stringify(logged),
     );
+    assert.equal(counted, 1, 'counted for the metric');
     // The retry now fits, and is the only thing the inbox holds.
     assert.equal((await retry(milterOf(replacement), ghosted, 'QRETRY2')).kind, 'accept');
     assert.equal(await used(ghosted), held);
