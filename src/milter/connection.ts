@@ -117,9 +117,11 @@ export class MilterConnection {
     this.#socket.destroySoon();
   }
 
-  #write(reply: Buffer): void {
-    if (this.#socket.destroyed || !this.#socket.writable) return;
+  /** False when the socket is closed or closing: the reply is not written (session.ts). */
+  #write(reply: Buffer): boolean {
+    if (this.#socket.destroyed || !this.#socket.writable) return false;
     this.#socket.write(reply);
+    return true;
   }
 
   #fail(error: unknown): void {

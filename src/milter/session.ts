@@ -102,8 +102,8 @@ export interface MilterSessionOptions {
   decisionDeadlineMs: number;
   /** Correlates this session's log lines. */
   id: number;
-  /** Writes one or more reply packets to the MTA. */
-  send: (reply: Buffer) => void;
+  /** Writes a reply; false when the connection can no longer be written to (nothing was sent). */
+  send: (reply: Buffer) => boolean;
 }
 
 export class MilterSession {
@@ -112,7 +112,7 @@ export class MilterSession {
   readonly #progressMs: number;
   readonly #deadlineMs: number;
   readonly #id: number;
-  readonly #send: (reply: Buffer) => void;
+  readonly #send: (reply: Buffer) => boolean;
   /** Negotiated SMFIP_* bits; undefined until SMFIC_OPTNEG. */
   #protocol: number | undefined;
   #clientAddress = '';
@@ -186,7 +186,7 @@ export class MilterSession {
         answer = await this.#onBody(command.chunk);
         break;
       case 'eob':
-        this.#send(await this.#onEndOfMessage(command.chunk));
+        await this.#onEndOfMessage(command.chunk);
         return 'continue';
       case 'abort':
         this.#endTransaction();
@@ -325,7 +325,8 @@ export class MilterSession {
     }
   }
 
-  async #onEndOfMessage(chunk: Buffer): Promise<Buffer> {
+  /** Decides the message and writes its reply (the verdict, or `t`). */
+  async #onEndOfMessage(chunk: Buffer): Promise<void> {
     const tx = this.#transaction('BODYEOB');
     // libmilter accepts a last body chunk inside BODYEOB; Postfix sends it as a separate BODY.
     if (chunk.length > 0 && (await this.#onBody(chunk)) !== 'continue') tx.failed = true;
@@ -339,8 +340,9 @@ export class MilterSession {
     }
     if (tx.failed || !consumer) {
       this.#endTransaction();
+      this.#send(answerPacket(failure(tx)));
       this.#answered(tx, failure(tx));
-      return answerPacket(failure(tx));
+      return;
     }
     tx.settled = true;
     let reply: Buffer;
@@ -366,18 +368,22 @@ export class MilterSession {
       if (error instanceof DeadlineExceeded) ending.then(undo, undo);
       else if (!ended) undo();
     }
-    if (this.#tx === tx) {
+    // Lost before the verdict, or while it was decided: the socket may be closed (Postfix gave up) a
+    // moment before the session hears of it, and then the reply is not written either.
+    let lost = this.#tx !== tx;
+    if (!lost) {
       this.#endTransaction();
-    } else {
-      const lost = { session: this.#id, queue_id: tx.queueId };
-      this.#log({ level: 'warn', msg: 'milter connection lost before the verdict was sent', ...lost });
+      lost = !this.#send(reply);
+    }
+    if (lost) {
+      const fields = { session: this.#id, queue_id: tx.queueId };
+      this.#log({ level: 'warn', msg: 'milter connection lost before the verdict was sent', ...fields });
       replaced = ended;
       sent = 'tempfail'; // Postfix applies milter_default_action
     }
     if (replaced) this.#undelivered(tx, consumer);
     else if (ended) consumer.delivered?.();
     this.#answered(tx, sent);
-    return reply;
   }
 
   /** end() resolved but its verdict will not reach the MTA: the consumer may undo it (handler.ts). */

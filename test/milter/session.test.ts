@@ -3,15 +3,19 @@
  * reply packets for negotiation, messages, verdicts and failures, what the handler is given, and when.
  */
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { afterEach, describe, test } from 'node:test';
 import { ACCEPT } from '../../src/core/verdict.ts';
+import type { LogLine } from '../../src/log.ts';
+import { FrameDecoder } from '../../src/milter/codec.ts';
 import {
   HEADER_FIELD_TOO_LARGE,
   HEADERS_TOO_LARGE,
   MAX_FIELD_BYTES,
   MAX_HEADER_FIELDS,
+  MilterSession,
 } from '../../src/milter/session.ts';
-import { type Started, sleep, startFake } from './fake-handler.ts';
+import { FakeHandler, type Started, sleep, startFake } from './fake-handler.ts';
 import { envelope, MtaClient, show } from './mta-client.ts';
 
 const QUEUE_ID = '4jWnfw5jrjzJHgc';
@@ -419,6 +423,47 @@ describe('failures become tempfail', () => {
       assert.equal(handler.messages.at(-1)?.aborted, 0);
     }
   });
+});
+
+test('a verdict that can no longer be written (the socket closed before the session heard) is undelivered', async () => {
+  // The session over a socket of its own, whose writes can be refused as connection.ts refuses them
+  // once the socket is destroyed: Node marks it so a moment before its 'close' event.
+  const handler = new FakeHandler();
+  const logs: LogLine[] = [];
+  let refuse = false;
+  const server = net.createServer((socket) => {
+    const session = new MilterSession({
+      handler,
+      log: (line) => logs.push(line),
+      progressIntervalMs: 10_000,
+      decisionDeadlineMs: 10_000,
+      id: 1,
+      send: (reply) => !refuse && socket.write(reply) !== undefined,
+    });
+    const decoder = new FrameDecoder();
+    let chain = Promise.resolve();
+    socket.on('data', (chunk: Buffer) => {
+      for (const packet of decoder.push(chunk))
+        chain = chain.then(() => session.handle(packet).then(() => {}));
+    });
+    socket.on('error', () => {});
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as net.AddressInfo;
+  const mta = await openTransaction(`inet:127.0.0.1:${port}`);
+  try {
+    refuse = true;
+    mta.macros('E', { i: QUEUE_ID });
+    mta.eob();
+    for (let i = 0; i < 100 && handler.messages[0]?.undelivered === 0; i++) await sleep(10);
+    assert.equal(handler.messages[0]?.ended, 1);
+    assert.equal(handler.messages[0]?.undelivered, 1, 'the accept never reached the MTA: undone');
+    assert.equal(handler.messages[0]?.delivered, 0);
+    assert.ok(logs.some((l) => l.msg === 'milter connection lost before the verdict was sent'));
+  } finally {
+    mta.close();
+    await new Promise((resolve) => server.close(resolve));
+  }
 });
 
 describe('transactions', () => {
