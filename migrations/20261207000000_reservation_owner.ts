@@ -10,16 +10,20 @@
  *
  * - `messages.reserved_by`: the milter process (its incarnation, a random uuid per start) that reserved
  *   the row; NULL for rows made otherwise (a delivery without reservation, older milters).
- * - `milter_incarnations`: each live milter's heartbeat (PostgreSQL's clock) and `answered_before`
- *   (its own clock, the one `reserved_at` is written with): every reservation it made before that
- *   instant has had its answer handed to Postfix, or was withdrawn. A milter whose heartbeat is older
- *   than the lease is dead; its in-flight rows from `answered_before` on (less a margin) may be ghosts
- *   and are deleted, as a withdrawal deletes them: had Postfix queued the message after all, its
- *   delivery is still stored (begin_delivery makes the row again).
- * - `reserve_messages` and `reserve_message_batch` with a seventh argument, the owner. The six-argument
- *   forms stay for milters started before this migration (expand-only) and now call the new one.
+ * - `milter_incarnations`: each live milter's heartbeat (PostgreSQL's clock), the keys of the
+ *   reservations whose answer it has not yet handed to Postfix (`open_inbox_ids`, `open_message_ids`),
+ *   and `answered_before` (its own clock, the one `reserved_at` is written with): a reservation it makes
+ *   from then on may not be named yet (core/reservation-ledger.ts). A milter whose heartbeat is older
+ *   than the lease is dead; its in-flight rows that are named, or reserved from `answered_before` on,
+ *   may be ghosts and are deleted, as a withdrawal deletes them: had Postfix queued the message after
+ *   all, its delivery is still stored (begin_delivery makes the row again), only its quota was not held
+ *   meanwhile. That is at most what the milter answered in its last heartbeat interval.
+ * - `reserve_messages` with a seventh argument, the owner, and `reserve_message_batch` with an array
+ *   of owners. The six-argument forms stay for milters started before this migration (expand-only);
+ *   `reserve_messages`' now calls the new one.
  *
- * No new index: the sweep reads in-flight rows from `answered_before` on through messages_in_flight.
+ * No new index: the sweep reads in-flight rows from `answered_before` on through messages_in_flight,
+ * and the named ones by their key.
  */
 import type { Knex } from 'knex';
 
@@ -62,7 +66,9 @@ export async function up(knex: Knex): Promise<void> {
       incarnation_id uuid PRIMARY KEY,
       started_at timestamptz NOT NULL DEFAULT now(),
       heartbeat_at timestamptz NOT NULL,
-      answered_before timestamptz NOT NULL
+      answered_before timestamptz NOT NULL,
+      open_inbox_ids text[] NOT NULL DEFAULT '{}',
+      open_message_ids text[] NOT NULL DEFAULT '{}'
     );
 
     CREATE FUNCTION reserve_messages(
@@ -81,13 +87,13 @@ export async function up(knex: Knex): Promise<void> {
 
     CREATE FUNCTION reserve_message_batch(
       p_inbox_id text, p_message_ids text[], p_queue_ids text[], p_sizes int8[], p_envelope_froms text[],
-      p_nows timestamptz[], p_reserved_by uuid
+      p_nows timestamptz[], p_reserved_bys uuid[]
     ) RETURNS TABLE (n integer, outcome text) LANGUAGE plpgsql VOLATILE AS $fn$
     BEGIN
       FOR i IN 1 .. coalesce(cardinality(p_queue_ids), 0) LOOP
         n := i;
         outcome := (reserve_messages(ARRAY[p_inbox_id], ARRAY[p_message_ids[i]], p_queue_ids[i],
-          ARRAY[p_sizes[i]], p_envelope_froms[i], p_nows[i], p_reserved_by))[1];
+          ARRAY[p_sizes[i]], p_envelope_froms[i], p_nows[i], p_reserved_bys[i]))[1];
         RETURN NEXT;
       END LOOP;
     END
@@ -97,7 +103,7 @@ export async function up(knex: Knex): Promise<void> {
 
 export async function down(knex: Knex): Promise<void> {
   await knex.raw(`
-    DROP FUNCTION reserve_message_batch(text, text[], text[], int8[], text[], timestamptz[], uuid);
+    DROP FUNCTION reserve_message_batch(text, text[], text[], int8[], text[], timestamptz[], uuid[]);
     CREATE OR REPLACE FUNCTION reserve_messages(
       p_inbox_ids text[], p_message_ids text[], p_queue_id text, p_sizes int8[], p_envelope_from text,
       p_now timestamptz

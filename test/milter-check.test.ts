@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { MessageAdmission } from '../src/core/message-admission.ts';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../src/core/ports.ts';
+import { untrackedDecision } from '../src/core/reservation-ledger.ts';
 import { MilterCheck } from '../src/mail/milter-check.ts';
 import { milterEnvelope } from './support/milter-message.ts';
 
@@ -79,7 +80,7 @@ function recording(readsBody: boolean) {
   };
   const sizes: number[] = [];
   const admission = {
-    open: () => () => {},
+    open: untrackedDecision,
     admit: async (facts: { sizeBytes: number }) => {
       sizes.push(facts.sizeBytes);
       return { kind: 'accept' };

@@ -17,7 +17,7 @@ import { inboxIdOf, inMailDomain } from './mail-address.ts';
 import type { InboxRecord } from './model.ts';
 import { OptOuts } from './opt-outs.ts';
 import type { AuthVerdict, InboxStore, MessageKey, MessageStore } from './ports.ts';
-import type { ReservationLedger } from './reservation-ledger.ts';
+import { type Decision, type ReservationLedger, untrackedDecision } from './reservation-ledger.ts';
 import { domainAndParents } from './sender-domains.ts';
 import type { SmtpReplies } from './smtp-replies.ts';
 import { ACCEPT, type Refusal, type Verdict } from './verdict.ts';
@@ -50,7 +50,8 @@ export interface MessageSettings extends LifecycleSettings {
 /**
  * Bytes reserved beyond the message as sent, for the two fields added before it is stored: our
  * Authentication-Results (counted exactly) and Postfix's Received (at most receivedAllowance()). The
- * stored message then counts its real size, so an inbox never holds more than its quota.
+ * stored message then counts its real size, so an inbox never holds more than its quota (save after a
+ * milter is killed: mail/orphan-sweep.ts).
  *
  * Postfix's Received field is `from HELO (NAME [ADDRESS])`, `by` our host name `(Postfix) with
  * ESMTPSA id` the queue id, a TLS comment of up to a few hundred bytes, `for <RECIPIENT>` and the date.
@@ -117,18 +118,19 @@ export class MessageAdmission {
   }
 
   /**
-   * Opens a decision in this process's ledger (reservation-ledger.ts): called before admit(); the
-   * caller closes it once the answer was handed to the MTA, or what admit() reserved was withdrawn.
+   * Opens a decision in this process's ledger (reservation-ledger.ts), before admit(); the caller
+   * closes it once the answer was handed to the MTA, or what admit() reserved (its keys) was withdrawn.
    */
-  open(): () => void {
-    return this.#ledger?.open() ?? (() => {});
+  open(): Decision {
+    return this.#ledger?.open() ?? untrackedDecision();
   }
 
   /**
-   * The verdict for the whole message; on accept, it is reserved in every recipient inbox, and
-   * `reserved` is told the reservations this call made (for withdraw()).
+   * The verdict for the whole message; on accept, it is reserved in every recipient inbox. `decision`
+   * is told the keys of the rows before they are reserved (for the heartbeat and for withdraw()), and
+   * none again if nothing was reserved.
    */
-  async admit(facts: MessageFacts, reserved?: (keys: MessageKey[]) => void): Promise<Verdict> {
+  async admit(facts: MessageFacts, decision: Decision = untrackedDecision()): Promise<Verdict> {
     const now = this.#clock.now();
     if (facts.sizeBytes > this.#settings.maxMessageBytes) return this.#replies.messageTooBig;
     const { auth } = facts;
@@ -185,7 +187,7 @@ export class MessageAdmission {
       receivedAllowance(facts.trace, facts.recipients);
     // Every recipient was accepted above, so every inbox exists.
     const inboxIds = [...new Set(targets.map((target) => (target as InboxRecord).inboxId))];
-    const reservedBy = this.#ledger?.owner() ?? null;
+    const reservedBy = decision.owner;
     const reservations = inboxIds.map((inboxId) => ({
       inboxId,
       messageId: newMessageId(),
@@ -195,23 +197,17 @@ export class MessageAdmission {
       now,
       reservedBy,
     }));
-    const keys = reservations.map(({ inboxId, messageId }) => ({ inboxId, messageId }));
-    let outcome: Awaited<ReturnType<MessageStore['reserveAll']>>;
-    try {
-      outcome = await this.#messages.reserveAll(reservations);
-    } catch (error) {
-      // The reservation may have committed before the error (the connection lost on the way back, the
-      // statement cut by a timeout). The milter answers `t`, Postfix queues nothing, and the milter
-      // withdraws these keys (undelivered()): left alone, they held quota for RESERVATION_TTL_SECONDS
-      // and turned the sender's retry into a quota refusal (until 2026-11-25).
-      reserved?.(keys);
-      throw error;
-    }
-    if (outcome.kind === 'reserved') {
-      // A queue id already reserved in an inbox keeps that row; withdrawing these ids leaves it alone.
-      reserved?.(keys);
-      return ACCEPT;
-    }
+    // Named before the statement goes: if it commits and this process dies before the answer, its
+    // heartbeat has named them (mail/orphan-sweep.ts). If it fails, it may have committed before the
+    // error (the connection lost on the way back, the statement cut by a timeout): the milter answers
+    // `t`, Postfix queues nothing, and the milter withdraws these keys (undelivered()); left alone, they
+    // held quota for RESERVATION_TTL_SECONDS and turned the sender's retry into a quota refusal (until
+    // 2026-11-25). A queue id already reserved in an inbox keeps that row; withdrawing these ids leaves
+    // it alone.
+    decision.reserving(reservations.map(({ inboxId, messageId }) => ({ inboxId, messageId })));
+    const outcome = await this.#messages.reserveAll(reservations);
+    if (outcome.kind === 'reserved') return ACCEPT;
+    decision.reserving([]);
     if (outcome.inboxIds.length < inboxIds.length) {
       return this.#replies.recipientsDisagree;
     }

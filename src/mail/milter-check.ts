@@ -13,7 +13,8 @@ import { PassThrough } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { claimsAuthservId } from '../core/authentication-results.ts';
 import type { MessageAdmission } from '../core/message-admission.ts';
-import type { Authenticator, AuthVerdict, MessageKey } from '../core/ports.ts';
+import type { Authenticator, AuthVerdict } from '../core/ports.ts';
+import { type Decision, untrackedDecision } from '../core/reservation-ledger.ts';
 import type {
   HeaderEdits,
   MessageConsumer,
@@ -80,8 +81,7 @@ export class MilterCheck implements MilterHandler {
     stream.write(verified === headers ? headerBlock : blockOf(verified));
     // Nothing more to give: mailauth may work (DNS, DMARC) while the body is still arriving.
     if (!readsBody) stream.end();
-    let reserved: MessageKey[] = [];
-    let close = () => {};
+    let decision: Decision = untrackedDecision();
 
     return {
       body: async (chunk) => {
@@ -93,8 +93,8 @@ export class MilterCheck implements MilterHandler {
         const verdict = await auth.then((v) => (obsoleteDomain ? { ...v, unverifiableAuthor: true } : v));
         // Open from before the reservation until the answer reached the MTA or it was withdrawn
         // (core/reservation-ledger.ts): a process that dies meanwhile leaves it to the orphan sweep.
-        close = this.#admission.open();
-        const decision = await this.#admission.admit(
+        decision = this.#admission.open();
+        const outcome = await this.#admission.admit(
           {
             queueId: envelope.queueId,
             envelopeFrom: envelope.envelopeFrom,
@@ -108,32 +108,30 @@ export class MilterCheck implements MilterHandler {
               clientAddress: envelope.clientAddress,
             },
           },
-          (keys) => {
-            reserved = keys;
-          },
+          decision,
         );
-        if (reserved.length === 0) close();
-        return { verdict: decision, edits: this.#edits(headers, verdict) };
+        if (decision.keys.length === 0) decision.close();
+        return { verdict: outcome, edits: this.#edits(headers, verdict) };
       },
       abort: () => {
         stream.destroy();
       },
-      delivered: () => close(),
+      delivered: () => decision.close(),
       undelivered: async () => {
-        // Closed only once withdrawn: if this process dies first, its heartbeat has not moved past this
-        // decision, and the orphan sweep releases what it reserved (orphan-sweep.ts).
+        // Closed only once withdrawn: if this process dies first, its heartbeat names these keys, and
+        // the orphan sweep releases them (orphan-sweep.ts).
         for (const wait of this.#withdrawRetryMs) {
           try {
-            await this.#admission.withdraw(reserved);
-            close();
+            await this.#admission.withdraw([...decision.keys]);
+            decision.close();
             return;
           } catch {
             // Pending timers must not hold a stopping process open: what is left then is the job's.
             await sleep(wait, undefined, { ref: false });
           }
         }
-        await this.#admission.withdraw(reserved);
-        close();
+        await this.#admission.withdraw([...decision.keys]);
+        decision.close();
       },
     };
   }

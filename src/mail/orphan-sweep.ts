@@ -2,21 +2,23 @@
  * orphan-sweep - the milter's heartbeat, and the release of reservations a dead milter never answered
  * (migrations/20261207000000_reservation_owner.ts explains why).
  *
- * Every `intervalMs` each milter process writes its heartbeat with its ledger's answeredBefore()
- * (core/reservation-ledger.ts), then releases what milters silent for `leaseSeconds` reserved from
- * `marginSeconds` before their last answeredBefore on. Any live milter sweeps (the rows of the dead
- * are taken with SKIP LOCKED), so a milter that was killed is cleaned up by its replacement or by a
- * sibling within about a lease and an interval.
+ * Every `intervalMs` each milter process writes its heartbeat with its ledger's snapshot (the keys
+ * of the reservations it has not answered yet, and the instant from which what it reserves is not yet
+ * named: core/reservation-ledger.ts), then releases what milters silent for `leaseSeconds` may have
+ * left unanswered. Any live milter sweeps (the rows of the dead are taken with SKIP LOCKED), so a
+ * milter that was killed is cleaned up by its replacement or by a sibling within about a lease.
  *
- * The margin covers what the ledger's instant cannot: a wall clock stepped back between a decision's
- * opening and its reservation, and an answer handed to the socket in the same turn of the event loop
- * as the heartbeat. Releasing a reservation that was answered is harmless (its delivery is stored all
- * the same; only the quota check that reservation made is no longer held for it); keeping a ghost is
- * not (it holds quota until RESERVATION_TTL_SECONDS and turns the sender's retry into a 555).
+ * What a dead milter answered in its last interval, after its last heartbeat, is released with the
+ * ghosts: nothing tells them apart. Its delivery is still stored, but its quota is not held until
+ * then, so another message may take that room meanwhile and the inbox end up over its quota by at
+ * most what the milter answered in that second. Keeping them instead would keep the ghosts: quota
+ * held until RESERVATION_TTL_SECONDS and the sender's retry refused 555, a bounce caused by our own
+ * failure. A short interval keeps the first small; it costs one small statement a second.
  *
  * A heartbeat that fails is logged and tried again at the next interval; PostgreSQL away means no
  * reservation is made either. Why the lease is 60 s: a milter's event loop is never blocked that long
- * while it works, and a ghost within a minute is as good as at once for a sender retrying after 4xx.
+ * while it works, and a ghost released within a minute is as good as at once for a sender retrying
+ * after a 4xx.
  */
 import type { ReservationLedger } from '../core/reservation-ledger.ts';
 import type { Log } from '../log.ts';
@@ -25,18 +27,17 @@ import type { PgMilterIncarnations } from '../storage/milter-incarnations.ts';
 export interface OrphanSweepTiming {
   intervalMs: number;
   leaseSeconds: number;
-  marginSeconds: number;
 }
 
-export const ORPHAN_SWEEP: OrphanSweepTiming = { intervalMs: 10_000, leaseSeconds: 60, marginSeconds: 10 };
+export const ORPHAN_SWEEP: OrphanSweepTiming = { intervalMs: 1_000, leaseSeconds: 60 };
 
 export interface OrphanSweep {
   /** Settles after the first heartbeat and sweep (whether they worked). */
   readonly started: Promise<void>;
   /**
-   * Stops the timer; then, with no decision open, removes the heartbeat row (everything was answered:
-   * a sweep would only release answered reservations within the margin), else writes one last
-   * heartbeat. Best effort: what fails is left to the sweep.
+   * Stops the timer, and decisions opened from now on name no process (their rows are left to the
+   * clean-up job); then, with no decision open, removes the heartbeat row (everything was answered),
+   * else writes one last heartbeat. Best effort: what fails is left to the sweep.
    */
   stop(): Promise<void>;
 }
@@ -54,13 +55,13 @@ export function startOrphanSweep(
   let running: Promise<void> = Promise.resolve();
 
   const beat = async () => {
-    await incarnations.beat(ledger.incarnation, ledger.answeredBefore());
-    ledger.registered();
+    await incarnations.beat(ledger.incarnation, ledger.snapshot());
+    if (!stopped) ledger.registered();
   };
   const tick = async () => {
     try {
       await beat();
-      const release = await incarnations.releaseOrphans(timing.leaseSeconds, timing.marginSeconds);
+      const release = await incarnations.releaseOrphans(timing.leaseSeconds);
       if (release.released > 0) {
         released(release.released);
         log({
@@ -98,6 +99,7 @@ export function startOrphanSweep(
     started: running,
     async stop() {
       stopped = true;
+      ledger.retire();
       clearTimeout(timer);
       await running;
       const last = ledger.openCount === 0 ? incarnations.forget(ledger.incarnation) : beat();

@@ -7,6 +7,7 @@
  * The release deletes the rows (as a withdrawal does): a delivery of that queue id, had Postfix
  * queued it after all, is still stored.
  */
+import type { LedgerSnapshot } from '../core/reservation-ledger.ts';
 import type { Database } from './database.ts';
 
 export interface OrphanRelease {
@@ -20,6 +21,49 @@ export interface OrphanRelease {
 /** Dead milters taken per sweep; the rest wait for the next one. */
 const DEAD_PER_SWEEP = 16;
 
+/**
+ * The in-flight rows of the milters in `dead` that may be unanswered: named as open in their last
+ * heartbeat, or reserved from its `answered_before` on (core/reservation-ledger.ts).
+ */
+const UNANSWERED = `
+  SELECT d.incarnation_id, m.inbox_id, m.message_id FROM dead d JOIN messages m
+    ON m.reserved_by = d.incarnation_id AND m.state = 'in_flight' AND m.reserved_at >= d.answered_before
+  UNION
+  SELECT d.incarnation_id, m.inbox_id, m.message_id FROM dead d
+    CROSS JOIN LATERAL unnest(d.open_inbox_ids, d.open_message_ids) AS k (inbox_id, message_id)
+    JOIN messages m ON m.inbox_id = k.inbox_id AND m.message_id = k.message_id
+      AND m.reserved_by = d.incarnation_id AND m.state = 'in_flight'`;
+
+/**
+ * One statement: the dead milters (silent for $1 seconds; SKIP LOCKED, so two sweepers share them),
+ * their possibly unanswered rows locked with SKIP LOCKED (a row a delivery holds is being stored: no
+ * ghost), deleted if still in flight; then each dead milter's row, unless a row of it was skipped.
+ */
+const RELEASE_SQL = `
+  WITH dead AS MATERIALIZED (
+    SELECT incarnation_id, answered_before, open_inbox_ids, open_message_ids FROM milter_incarnations
+    WHERE heartbeat_at < now() - make_interval(secs => $1)
+    ORDER BY heartbeat_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+  unanswered AS MATERIALIZED (${UNANSWERED}),
+  ghosts AS MATERIALIZED (
+    SELECT m.inbox_id, m.message_id FROM messages m JOIN unanswered u USING (inbox_id, message_id)
+    WHERE m.state = 'in_flight'
+    FOR UPDATE OF m SKIP LOCKED),
+  released AS (
+    DELETE FROM messages m USING ghosts g
+    WHERE m.inbox_id = g.inbox_id AND m.message_id = g.message_id AND m.state = 'in_flight'
+    RETURNING m.size_bytes),
+  forgotten AS (
+    DELETE FROM milter_incarnations i USING dead d
+    WHERE i.incarnation_id = d.incarnation_id
+      AND NOT EXISTS (SELECT 1 FROM unanswered u WHERE u.incarnation_id = d.incarnation_id
+        AND NOT EXISTS (SELECT 1 FROM ghosts g WHERE g.inbox_id = u.inbox_id AND g.message_id = u.message_id))
+    RETURNING 1)
+  SELECT (SELECT count(*) FROM dead)::int AS dead,
+    (SELECT count(*) FROM released)::int AS released,
+    (SELECT coalesce(sum(size_bytes), 0) FROM released)::int8 AS bytes,
+    (SELECT count(*) FROM forgotten)::int AS forgotten`;
+
 export class PgMilterIncarnations {
   readonly #db: Database;
 
@@ -27,14 +71,22 @@ export class PgMilterIncarnations {
     this.#db = db;
   }
 
-  /** This milter is alive, and answered every reservation it made before `answeredBefore`. */
-  async beat(incarnation: string, answeredBefore: Date): Promise<void> {
+  /** This milter is alive; what it has not answered is `snapshot` (core/reservation-ledger.ts). */
+  async beat(incarnation: string, snapshot: LedgerSnapshot): Promise<void> {
     await this.#db.rows(
       'milter-heartbeat',
-      `INSERT INTO milter_incarnations (incarnation_id, heartbeat_at, answered_before) VALUES ($1, now(), $2)
+      `INSERT INTO milter_incarnations
+         (incarnation_id, heartbeat_at, answered_before, open_inbox_ids, open_message_ids)
+       VALUES ($1, now(), $2, $3, $4)
        ON CONFLICT (incarnation_id) DO UPDATE
-         SET heartbeat_at = now(), answered_before = excluded.answered_before`,
-      [incarnation, answeredBefore],
+         SET heartbeat_at = now(), answered_before = excluded.answered_before,
+           open_inbox_ids = excluded.open_inbox_ids, open_message_ids = excluded.open_message_ids`,
+      [
+        incarnation,
+        snapshot.answeredBefore,
+        snapshot.open.map((k) => k.inboxId),
+        snapshot.open.map((k) => k.messageId),
+      ],
     );
   }
 
@@ -45,48 +97,13 @@ export class PgMilterIncarnations {
     ]);
   }
 
-  /**
-   * Deletes the in-flight reservations of every milter silent for `leaseSeconds`, from `marginSeconds`
-   * before its last `answered_before` on, then that milter's row once none of them is left. A row a
-   * delivery holds is skipped (the delivery is storing it: it was no ghost) and so is its milter's row,
-   * until a later sweep.
-   */
-  async releaseOrphans(leaseSeconds: number, marginSeconds: number): Promise<OrphanRelease> {
-    return this.#db.transaction(async (client) => {
-      const [row] = await this.#db.rows<OrphanRelease & { ids: string[] }>(
-        'milter-orphans-release',
-        `WITH dead AS MATERIALIZED (
-           SELECT incarnation_id, answered_before - make_interval(secs => $2) AS since
-           FROM milter_incarnations WHERE heartbeat_at < now() - make_interval(secs => $1)
-           ORDER BY heartbeat_at LIMIT $3 FOR UPDATE SKIP LOCKED),
-         ghosts AS MATERIALIZED (
-           SELECT m.inbox_id, m.message_id FROM messages m JOIN dead d ON m.reserved_by = d.incarnation_id
-           WHERE m.state = 'in_flight' AND m.reserved_at >= d.since
-           FOR UPDATE OF m SKIP LOCKED),
-         released AS (
-           DELETE FROM messages m USING ghosts g
-           WHERE m.inbox_id = g.inbox_id AND m.message_id = g.message_id
-           RETURNING m.size_bytes)
-         SELECT (SELECT count(*) FROM dead)::int AS dead,
-           (SELECT count(*) FROM released)::int AS released,
-           (SELECT coalesce(sum(size_bytes), 0) FROM released)::int8 AS bytes,
-           (SELECT coalesce(array_agg(incarnation_id::text), '{}') FROM dead) AS ids`,
-        [leaseSeconds, marginSeconds, DEAD_PER_SWEEP],
-        client,
-      );
-      if (!row) throw new Error('the orphan release returned no row');
-      if (row.ids.length > 0) {
-        // A later statement of this transaction: it sees the deletes above.
-        await this.#db.rows(
-          'milter-incarnations-forget',
-          `DELETE FROM milter_incarnations i WHERE i.incarnation_id = ANY($1::uuid[])
-             AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.reserved_by = i.incarnation_id
-               AND m.state = 'in_flight' AND m.reserved_at >= i.answered_before - make_interval(secs => $2))`,
-          [row.ids, marginSeconds],
-          client,
-        );
-      }
-      return { dead: row.dead, released: row.released, bytes: Number(row.bytes) };
-    });
+  /** Releases what milters silent for `leaseSeconds` may have left unanswered (RELEASE_SQL). */
+  async releaseOrphans(leaseSeconds: number): Promise<OrphanRelease> {
+    const [row] = await this.#db.rows<OrphanRelease>('milter-orphans-release', RELEASE_SQL, [
+      leaseSeconds,
+      DEAD_PER_SWEEP,
+    ]);
+    if (!row) throw new Error('the orphan release returned no row');
+    return { dead: row.dead, released: row.released, bytes: Number(row.bytes) };
   }
 }

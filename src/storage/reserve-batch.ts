@@ -41,8 +41,7 @@ export function singleInboxReservations(db: Database): InboxBatcher<Reservation,
         column((r) => r.sizeBytes),
         column((r) => r.envelopeFrom),
         column((r) => r.now.toISOString()),
-        // One process's reservations: one owner (migrations/20261207000000_reservation_owner.ts).
-        reservations[0]?.reservedBy ?? null,
+        column((r) => r.reservedBy ?? null),
       ]);
       return inOrder(rows, reservations.length).map((row) => row.outcome);
     },

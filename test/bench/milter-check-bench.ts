@@ -11,6 +11,7 @@
  */
 import type { MessageAdmission } from '../../src/core/message-admission.ts';
 import type { AuthVerdict } from '../../src/core/ports.ts';
+import { untrackedDecision } from '../../src/core/reservation-ledger.ts';
 import type { CachingLookup } from '../../src/mail/dns.ts';
 import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
 import { MilterCheck } from '../../src/mail/milter-check.ts';
@@ -26,7 +27,7 @@ const lookup = { resolve: resolveInZone } as unknown as CachingLookup;
 /** Accepts every message; keeps the last one's authentication verdict, to check the signed case passes. */
 let lastVerdict: AuthVerdict | undefined;
 const accept = {
-  open: () => () => {},
+  open: untrackedDecision,
   admit: async (facts: { auth: AuthVerdict }) => {
     lastVerdict = facts.auth;
     return { kind: 'accept' };

@@ -5,6 +5,10 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import { TOKENS } from '../../src/container.ts';
+import type { ReservationLedger } from '../../src/core/reservation-ledger.ts';
+import type { Database } from '../../src/storage/database.ts';
+import { scalar } from '../support/jobs.ts';
 import { type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
 import { queuedAs } from '../support/smtp-client.ts';
 
@@ -105,4 +109,37 @@ test('senders Postfix accepts but a strict parser would not (quoted local parts,
     assert.match(log, new RegExp(`${queueId}: to=<${inbox.address}>.* status=sent \\(250 2\\.0\\.0 msg_`));
     assert.doesNotMatch(log, new RegExp(`${queueId}: .*status=bounced`));
   }
+});
+
+test('the milter daemon names its reservations and tells its ledger of every answer: stopped, it leaves no heartbeat row', async () => {
+  const ledger = s.container.resolve<ReservationLedger>(TOKENS.ReservationLedger);
+  const heartbeats = () =>
+    scalar(s, 'SELECT count(*) FROM milter_incarnations WHERE incarnation_id = $1', [ledger.incarnation]);
+  await s.waitFor('the heartbeat row', async () => ((await heartbeats()) === 1 ? true : undefined));
+  const inbox = await s.provision();
+  const replies = await s.send({ to: [inbox.address], message: plainMessage({ to: inbox.address }) });
+  const queueId = queuedAs(replies);
+  assert.ok(queueId, JSON.stringify(replies.data));
+  await s.waitFor('the delivery', async () =>
+    (await s.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, { token: inbox.credentials.reader })).json
+      .messages.length === 1
+      ? true
+      : undefined,
+  );
+  const [owner] = (
+    await s.container
+      .resolve<Database>(TOKENS.Database)
+      .pool.query<{ owner: string }>('SELECT reserved_by::text AS owner FROM messages WHERE queue_id = $1', [
+        queueId,
+      ])
+  ).rows;
+  assert.equal(owner?.owner, ledger.incarnation, 'the reservation names this milter');
+  assert.equal(ledger.openCount, 0, 'the answer Postfix got closed its decision');
+  await s.stopDaemon('milter');
+  try {
+    assert.equal(await heartbeats(), 0, 'everything answered: nothing left to sweep');
+  } finally {
+    await s.startDaemon('milter');
+  }
+  await s.waitFor('the heartbeat row again', async () => ((await heartbeats()) === 1 ? true : undefined));
 });

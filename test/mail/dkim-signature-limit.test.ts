@@ -11,6 +11,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { MessageAdmission, MessageFacts } from '../../src/core/message-admission.ts';
 import type { AuthenticationRequest, Authenticator } from '../../src/core/ports.ts';
+import { untrackedDecision } from '../../src/core/reservation-ledger.ts';
 import type { CachingLookup } from '../../src/mail/dns.ts';
 import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
 import { MilterCheck } from '../../src/mail/milter-check.ts';
@@ -29,7 +30,7 @@ const headersOf = milterMessage;
 function admissionRecording(): { facts: MessageFacts[]; admission: MessageAdmission } {
   const facts: MessageFacts[] = [];
   const admission = {
-    open: () => () => {},
+    open: untrackedDecision,
     admit: async (f: MessageFacts) => {
       facts.push(f);
       return { kind: 'accept' };

@@ -2,8 +2,8 @@
  * A milter killed between its reservation's commit and its answer (kill -9, the OOM killer, a container
  * stopped under load) left a reservation Postfix never heard of: Postfix answered the client 4xx and
  * queued nothing, the row held quota until RESERVATION_TTL_SECONDS (six days), and the sender's retry
- * into a nearly full inbox got `555 mailbox quota exceeded`. Each milter now writes a heartbeat saying
- * up to when it answered; a live milter releases what a dead one reserved after that.
+ * into a nearly full inbox got `555 mailbox quota exceeded`. Each milter now writes a heartbeat naming
+ * what it has not answered yet; a live milter releases that of a dead one.
  *
  * A real process (test/support/reserve-and-die.ts, wired as the milter daemon is) accepts two messages,
  * answers one, and is killed with SIGKILL; this process then plays its replacement. Real PostgreSQL;
@@ -18,11 +18,12 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { MessageAdmission } from '../../src/core/message-admission.ts';
+import type { MessageStore } from '../../src/core/ports.ts';
 import { ReservationLedger } from '../../src/core/reservation-ledger.ts';
 import type { CachingLookup } from '../../src/mail/dns.ts';
 import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
 import { MilterCheck } from '../../src/mail/milter-check.ts';
-import { startOrphanSweep } from '../../src/mail/orphan-sweep.ts';
+import { ORPHAN_SWEEP, startOrphanSweep } from '../../src/mail/orphan-sweep.ts';
 import type { Database } from '../../src/storage/database.ts';
 import type { PgMilterIncarnations } from '../../src/storage/milter-incarnations.ts';
 import { resolveInZone } from '../support/dns-zone.ts';
@@ -32,6 +33,8 @@ import { milterEnvelope } from '../support/milter-message.ts';
 
 // A reservation of reserve-and-die's message is about 4.5 KB: one fits in an inbox, two do not.
 const QUOTA = 7_000;
+/** The production timing, with a lease short enough to wait for. */
+const FAST = { ...ORPHAN_SWEEP, intervalMs: 100, leaseSeconds: 1 };
 let h: Harness;
 let incarnations: PgMilterIncarnations;
 before(async () => {
@@ -41,15 +44,30 @@ before(async () => {
 });
 after(() => h.close());
 
+const query = async <T>(sql: string, values: unknown[] = []): Promise<T[]> =>
+  (await h.container.resolve<Database>(TOKENS.Database).pool.query(sql, values)).rows as T[];
+
 const used = async (inbox: ProvisionedInbox): Promise<number> =>
   (await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.owner })).json
     .quota_used_bytes;
 
-/** A milter of this process, its reservations named by `ledger`. */
-function milterOf(ledger: ReservationLedger): MilterCheck {
+const ownersOf = async (queueId: string): Promise<(string | null)[]> =>
+  (
+    await query<{ owner: string | null }>(
+      'SELECT reserved_by::text AS owner FROM messages WHERE queue_id = $1 ORDER BY inbox_id',
+      [queueId],
+    )
+  ).map((r) => r.owner);
+
+/** A milter of this process, its reservations named by `ledger`, over `messages`. */
+function milterOf(
+  ledger: ReservationLedger,
+  messages: MessageStore = h.messages,
+  withdrawRetryMs?: number[],
+) {
   const admission = new MessageAdmission(
     h.container.resolve(TOKENS.InboxStore),
-    h.messages,
+    messages,
     h.clock,
     h.container.resolve(TOKENS.SmtpReplies),
     h.config,
@@ -59,34 +77,47 @@ function milterOf(ledger: ReservationLedger): MilterCheck {
     admission,
     new MailauthAuthenticator(h.config.authservId, { resolve: resolveInZone } as unknown as CachingLookup),
     h.config.authservId,
+    withdrawRetryMs,
   );
 }
 
-/** `milter` deciding one message of reserve-and-die's size; the answer not yet handed to the MTA. */
-async function decide(milter: MilterCheck, inbox: ProvisionedInbox, queueId: string) {
-  const consumer = milter.beginMessage(milterEnvelope({ queueId, recipients: [inbox.address] }), [
+/**
+ * `milter` deciding one message (its reservation about 1.4 KB plus `bodyBytes`; reserve-and-die's body
+ * is 3000); the answer not yet handed to the MTA.
+ */
+async function decide(milter: MilterCheck, recipients: ProvisionedInbox[], queueId: string, bodyBytes = 100) {
+  const envelope = milterEnvelope({ queueId, recipients: recipients.map((r) => r.address) });
+  const consumer = milter.beginMessage(envelope, [
     { name: 'From', value: ' S <s@allowed.test>' },
     { name: 'Subject', value: ' reserved' },
   ]);
-  await consumer.body(Buffer.from(`${'x'.repeat(3000)}\r\n`));
+  await consumer.body(Buffer.from(`${'x'.repeat(bodyBytes)}\r\n`));
   const { verdict } = await consumer.end();
   return { verdict, consumer };
 }
 
 /** The sender's retry through `milter`, answered at once. */
-async function retry(milter: MilterCheck, inbox: ProvisionedInbox, queueId: string) {
-  const { verdict, consumer } = await decide(milter, inbox, queueId);
+async function retry(milter: MilterCheck, inbox: ProvisionedInbox, queueId: string, bodyBytes = 100) {
+  const { verdict, consumer } = await decide(milter, [inbox], queueId, bodyBytes);
   consumer.delivered?.();
   return verdict;
 }
 
-async function ownerOf(queueId: string): Promise<string | undefined> {
-  const { rows } = await h.container
-    .resolve<Database>(TOKENS.Database)
-    .pool.query<{ owner: string }>('SELECT reserved_by::text AS owner FROM messages WHERE queue_id = $1', [
-      queueId,
-    ]);
-  return rows[0]?.owner;
+/** A ledger whose heartbeat row is written, then left to go silent (a milter that froze or died). */
+async function silentLedger(): Promise<ReservationLedger> {
+  const ledger = new ReservationLedger(randomUUID(), h.clock);
+  await incarnations.beat(ledger.incarnation, ledger.snapshot());
+  ledger.registered();
+  return ledger;
+}
+
+/** The milter of `ledger` is silent, as if for two hours: the next sweep takes it for dead. */
+async function diedLongAgo(ledger: ReservationLedger): Promise<void> {
+  await incarnations.beat(ledger.incarnation, ledger.snapshot());
+  await query(
+    `UPDATE milter_incarnations SET heartbeat_at = now() - interval '2 hours' WHERE incarnation_id = $1`,
+    [ledger.incarnation],
+  );
 }
 
 async function until(what: string, ok: () => Promise<boolean>, ms = 10_000): Promise<void> {
@@ -127,11 +158,11 @@ test('what a killed milter reserved and never answered is released by a live one
   const held = await used(ghosted);
   assert.ok(held > 0, 'the ghost holds quota');
   assert.equal(await used(answered), held, 'so does the answered one');
+  assert.deepEqual(await ownersOf('QUNANSWERED'), [incarnation], 'the reservation names its milter');
 
   // The sender retries after its 4xx: the ghost alone makes the inbox too full for it.
-  assert.equal(await ownerOf('QUNANSWERED'), incarnation, 'the reservation names the milter that made it');
   const replacement = new ReservationLedger(randomUUID(), h.clock);
-  const refused = await retry(milterOf(replacement), ghosted, 'QRETRY1');
+  const refused = await retry(milterOf(replacement), ghosted, 'QRETRY1', 3000);
   assert.equal(refused.kind === 'accept' ? 'accept' : refused.code, 555);
 
   const logged: Record<string, unknown>[] = [];
@@ -140,7 +171,7 @@ test('what a killed milter reserved and never answered is released by a live one
     replacement,
     incarnations,
     (line) => logged.push(line),
-    { intervalMs: 100, leaseSeconds: 1, marginSeconds: 0 },
+    FAST,
     (count) => {
       counted += count;
     },
@@ -166,7 +197,7 @@ test('what a killed milter reserved and never answered is released by a live one
     );
     assert.equal(counted, 1, 'counted for the metric');
     // The retry now fits, and is the only thing the inbox holds.
-    assert.equal((await retry(milterOf(replacement), ghosted, 'QRETRY2')).kind, 'accept');
+    assert.equal((await retry(milterOf(replacement), ghosted, 'QRETRY2', 3000)).kind, 'accept');
     assert.equal(await used(ghosted), held);
   } finally {
     await sweep.stop();
@@ -176,24 +207,21 @@ test('what a killed milter reserved and never answered is released by a live one
 test('a live milter keeps its reservations however long its answer takes, while it beats', async () => {
   const inbox = await h.provision();
   const slow = new ReservationLedger(randomUUID(), h.clock);
-  const slowSweep = startOrphanSweep(slow, incarnations, () => {}, {
-    intervalMs: 100,
-    leaseSeconds: 1,
-    marginSeconds: 0,
-  });
+  const slowSweep = startOrphanSweep(slow, incarnations, () => {}, FAST);
   await slowSweep.started;
-  const { verdict, consumer } = await decide(milterOf(slow), inbox, 'QSLOW');
+  const { verdict, consumer } = await decide(milterOf(slow), [inbox], 'QSLOW');
   assert.equal(verdict.kind, 'accept');
-  assert.equal(await ownerOf('QSLOW'), slow.incarnation);
+  assert.deepEqual(await ownersOf('QSLOW'), [slow.incarnation]);
   const held = await used(inbox);
   assert.ok(held > 0);
   try {
     // Another milter sweeps for three leases; the slow one keeps beating with its answer still open.
-    const other = startOrphanSweep(new ReservationLedger(randomUUID(), h.clock), incarnations, () => {}, {
-      intervalMs: 100,
-      leaseSeconds: 1,
-      marginSeconds: 0,
-    });
+    const other = startOrphanSweep(
+      new ReservationLedger(randomUUID(), h.clock),
+      incarnations,
+      () => {},
+      FAST,
+    );
     await sleep(3_000);
     await other.stop();
     assert.equal(await used(inbox), held);
@@ -205,16 +233,135 @@ test('a live milter keeps its reservations however long its answer takes, while 
   }
 });
 
-test('a milter that stops with everything answered leaves no heartbeat row; one with a decision open says so', async () => {
-  const rowOf = async (incarnation: string) => {
-    const { rows } = await h.container
-      .resolve<Database>(TOKENS.Database)
-      .pool.query<{ answered_before: Date }>(
-        'SELECT answered_before FROM milter_incarnations WHERE incarnation_id = $1',
-        [incarnation],
-      );
-    return rows[0];
+test('every path of a reservation names its milter: several inboxes at once, and one inbox batched', async () => {
+  const ledger = await silentLedger();
+  const [a, b] = [await h.provision(), await h.provision()];
+  const milter = milterOf(ledger);
+  const both = await decide(milter, [a, b], 'QBOTH');
+  assert.equal(both.verdict.kind, 'accept');
+  assert.deepEqual(await ownersOf('QBOTH'), [ledger.incarnation, ledger.incarnation]);
+  // Concurrent decisions for one inbox: the reservations queued behind the first go as one batch.
+  const one = await h.provision();
+  const many = await Promise.all(['QB1', 'QB2', 'QB3', 'QB4'].map((q) => decide(milter, [one], q)));
+  assert.deepEqual(
+    many.map((m) => m.verdict.kind),
+    ['accept', 'accept', 'accept', 'accept'],
+  );
+  for (const q of ['QB1', 'QB2', 'QB3', 'QB4']) assert.deepEqual(await ownersOf(q), [ledger.incarnation]);
+  for (const m of [both, ...many]) m.consumer.delivered?.();
+  assert.equal(ledger.openCount, 0);
+});
+
+test('a withdrawn decision closes; one whose withdrawal keeps failing stays named without holding back the rest', async () => {
+  const ledger = await silentLedger();
+  const inbox = await h.provision();
+  const withdrawn = await decide(milterOf(ledger), [inbox], 'QWITHDRAWN');
+  assert.equal(withdrawn.verdict.kind, 'accept');
+  await withdrawn.consumer.undelivered();
+  assert.equal(ledger.openCount, 0, 'closed once withdrawn');
+
+  const failing = new Proxy(h.messages, {
+    get(target, key) {
+      if (key === 'withdrawReservations') return async () => Promise.reject(new Error('connection refused'));
+      const value = Reflect.get(target, key);
+      return typeof value === 'function' ? value.bind(target) : value;
+    },
+  });
+  const stuck = await decide(milterOf(ledger, failing, []), [inbox], 'QSTUCK');
+  assert.equal(stuck.verdict.kind, 'accept');
+  await assert.rejects(stuck.consumer.undelivered(), /connection refused/);
+  h.clock.advance(5);
+  const snapshot = ledger.snapshot();
+  const [row] = await query<{ message_id: string; inbox_id: string }>(
+    `SELECT inbox_id, message_id FROM messages WHERE queue_id = 'QSTUCK'`,
+  );
+  assert.deepEqual(snapshot.open, [{ inboxId: row?.inbox_id, messageId: row?.message_id }]);
+  assert.deepEqual(snapshot.answeredBefore, h.clock.now(), 'a decision with keys holds back nothing');
+
+  // It died so: the sweep releases the stuck one, and what it answered meanwhile stays.
+  const answered = await retry(milterOf(ledger), inbox, 'QLATER');
+  assert.equal(answered.kind, 'accept');
+  h.clock.advance(5);
+  await diedLongAgo(ledger);
+  const release = await incarnations.releaseOrphans(60);
+  assert.deepEqual(release, { dead: 1, released: 1, bytes: release.bytes });
+  assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QSTUCK'`), 0);
+  assert.deepEqual(await ownersOf('QLATER'), [ledger.incarnation]);
+});
+
+test('a ghost that was no ghost (Postfix queued it after all) is stored when delivered; one being stored is never released', async () => {
+  const ledger = await silentLedger();
+  const inbox = await h.provision();
+  const queuedAfterAll = await decide(milterOf(ledger), [inbox], 'QAFTERALL');
+  const beingStored = await decide(milterOf(ledger), [inbox], 'QSTORING');
+  assert.deepEqual([queuedAfterAll.verdict.kind, beingStored.verdict.kind], ['accept', 'accept']);
+  await diedLongAgo(ledger);
+
+  // A large delivery of QSTORING holds its row (begin_delivery) while its body streams.
+  let holding = () => {};
+  const held = new Promise<void>((resolve) => {
+    holding = resolve;
+  });
+  let finish = () => {};
+  const gate = new Promise<void>((resolve) => {
+    finish = resolve;
+  });
+  async function* body() {
+    yield Buffer.alloc(300 * 1024, 'a');
+    holding();
+    await gate;
+    yield Buffer.from('\r\n');
+  }
+  const delivery = {
+    inboxId: inbox.inbox_id,
+    envelopeFrom: 's@allowed.test',
+    now: h.clock.now(),
+    summary: {
+      fromName: null,
+      fromAddress: null,
+      subject: null,
+      internetMessageId: null,
+      authentication: null,
+    },
   };
+  const storing = h.messages.store({ ...delivery, queueId: 'QSTORING' }, body());
+  await held;
+  const first = await incarnations.releaseOrphans(60);
+  assert.deepEqual({ ...first, bytes: 0 }, { dead: 1, released: 1, bytes: 0 }, 'only QAFTERALL');
+  finish();
+  assert.equal((await storing).kind, 'stored');
+  assert.deepEqual(
+    await incarnations.releaseOrphans(60),
+    { dead: 1, released: 0, bytes: 0 },
+    'kept until its skipped row was settled',
+  );
+  assert.equal(
+    await scalar(
+      h,
+      `SELECT count(*) FROM milter_incarnations WHERE incarnation_id = '${ledger.incarnation}'`,
+    ),
+    0,
+  );
+
+  // Postfix had queued QAFTERALL: its delivery comes, and is stored once.
+  async function* small() {
+    yield Buffer.from('Subject: after all\r\n\r\nbody\r\n');
+  }
+  assert.equal((await h.messages.store({ ...delivery, queueId: 'QAFTERALL' }, small())).kind, 'stored');
+  const listed = await h.api.get(`/v1/inboxes/${inbox.inbox_id}/messages`, {
+    token: inbox.credentials.reader,
+  });
+  assert.equal(listed.json.messages.length, 2);
+});
+
+test('a milter that stops with everything answered leaves no heartbeat row; one with a decision open names it', async () => {
+  const rowOf = async (incarnation: string) =>
+    (
+      await query<{ answered_before: Date; open_message_ids: string[] }>(
+        'SELECT answered_before, open_message_ids FROM milter_incarnations WHERE incarnation_id = $1',
+        [incarnation],
+      )
+    )[0];
   const done = new ReservationLedger(randomUUID(), h.clock);
   const doneSweep = startOrphanSweep(done, incarnations, () => {});
   await doneSweep.started;
@@ -226,8 +373,10 @@ test('a milter that stops with everything answered leaves no heartbeat row; one 
   const busySweep = startOrphanSweep(busy, incarnations, () => {});
   await busySweep.started;
   const opened = h.clock.now();
-  busy.open();
+  const decision = busy.open();
+  assert.equal(decision.owner, busy.incarnation);
   h.clock.advance(30);
   await busySweep.stop();
-  assert.deepEqual((await rowOf(busy.incarnation))?.answered_before, opened);
+  assert.deepEqual(await rowOf(busy.incarnation), { answered_before: opened, open_message_ids: [] });
+  assert.equal(busy.open().owner, null, 'a decision opened after the stop names no milter');
 });

@@ -5,7 +5,7 @@
  * or a stopped container would, between the second reservation's commit and its answer:
  *   node test/support/reserve-and-die.ts <database url> <mail domain> <quota bytes> <answered> <unanswered>
  * where the last two are inbox addresses. Prints `reserved <incarnation>` once both are reserved and a
- * heartbeat has recorded the first answer.
+ * heartbeat has recorded the first answer and named the second as open.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { type Config, loadConfig } from '../../src/config/config.ts';
@@ -38,7 +38,7 @@ const sweep = startOrphanSweep(
   ledger,
   container.resolve<PgMilterIncarnations>(TOKENS.MilterIncarnations),
   () => {},
-  { intervalMs: beat, leaseSeconds: 3600, marginSeconds: 0 },
+  { intervalMs: beat, leaseSeconds: 3600 },
 );
 await sweep.started;
 const check = new MilterCheck(
