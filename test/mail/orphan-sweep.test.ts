@@ -17,18 +17,16 @@ import { after, before, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import { MessageAdmission } from '../../src/core/message-admission.ts';
 import type { MessageStore } from '../../src/core/ports.ts';
 import { ReservationLedger } from '../../src/core/reservation-ledger.ts';
-import type { CachingLookup } from '../../src/mail/dns.ts';
-import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
-import { MilterCheck } from '../../src/mail/milter-check.ts';
+import { loadMailauth } from '../../src/mail/mailauth-authenticator.ts';
+import type { MilterCheck } from '../../src/mail/milter-check.ts';
 import { ORPHAN_SWEEP, startOrphanSweep } from '../../src/mail/orphan-sweep.ts';
 import type { Database } from '../../src/storage/database.ts';
 import type { PgMilterIncarnations } from '../../src/storage/milter-incarnations.ts';
-import { resolveInZone } from '../support/dns-zone.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { scalar } from '../support/jobs.ts';
+import { milterCheckOver, NO_SUMMARY, storeWith } from '../support/milter-check-over.ts';
 import { milterEnvelope } from '../support/milter-message.ts';
 
 // A reservation of reserve-and-die's message is about 4.5 KB: one fits in an inbox, two do not.
@@ -59,27 +57,13 @@ const ownersOf = async (queueId: string): Promise<(string | null)[]> =>
     )
   ).map((r) => r.owner);
 
-/** A milter of this process, its reservations named by `ledger`, over `messages`. */
-function milterOf(
-  ledger: ReservationLedger,
-  messages: MessageStore = h.messages,
-  withdrawRetryMs?: number[],
-) {
-  const admission = new MessageAdmission(
-    h.container.resolve(TOKENS.InboxStore),
-    messages,
-    h.clock,
-    h.container.resolve(TOKENS.SmtpReplies),
-    h.config,
+/** A milter of this process, its reservations named by `ledger`. */
+const milterOf = (ledger: ReservationLedger, store?: MessageStore, withdrawRetryMs?: number[]) =>
+  milterCheckOver(h, {
     ledger,
-  );
-  return new MilterCheck(
-    admission,
-    new MailauthAuthenticator(h.config.authservId, { resolve: resolveInZone } as unknown as CachingLookup),
-    h.config.authservId,
-    withdrawRetryMs,
-  );
-}
+    ...(store ? { store } : {}),
+    ...(withdrawRetryMs ? { withdrawRetryMs } : {}),
+  });
 
 /**
  * `milter` deciding one message (its reservation about 1.4 KB plus `bodyBytes`; reserve-and-die's body
@@ -260,12 +244,8 @@ test('a withdrawn decision closes; one whose withdrawal keeps failing stays name
   await withdrawn.consumer.undelivered();
   assert.equal(ledger.openCount, 0, 'closed once withdrawn');
 
-  const failing = new Proxy(h.messages, {
-    get(target, key) {
-      if (key === 'withdrawReservations') return async () => Promise.reject(new Error('connection refused'));
-      const value = Reflect.get(target, key);
-      return typeof value === 'function' ? value.bind(target) : value;
-    },
+  const failing = storeWith(h, 'withdrawReservations', () => async () => {
+    throw new Error('connection refused');
   });
   const stuck = await decide(milterOf(ledger, failing, []), [inbox], 'QSTUCK');
   assert.equal(stuck.verdict.kind, 'accept');
@@ -316,13 +296,7 @@ test('a ghost that was no ghost (Postfix queued it after all) is stored when del
     inboxId: inbox.inbox_id,
     envelopeFrom: 's@allowed.test',
     now: h.clock.now(),
-    summary: {
-      fromName: null,
-      fromAddress: null,
-      subject: null,
-      internetMessageId: null,
-      authentication: null,
-    },
+    summary: NO_SUMMARY,
   };
   const storing = h.messages.store({ ...delivery, queueId: 'QSTORING' }, body());
   await held;

@@ -8,17 +8,13 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import { MessageAdmission } from '../../src/core/message-admission.ts';
-import type { MessageStore } from '../../src/core/ports.ts';
-import type { CachingLookup } from '../../src/mail/dns.ts';
-import { loadMailauth, MailauthAuthenticator } from '../../src/mail/mailauth-authenticator.ts';
-import { MilterCheck } from '../../src/mail/milter-check.ts';
+import { loadMailauth } from '../../src/mail/mailauth-authenticator.ts';
+import type { MilterCheck } from '../../src/mail/milter-check.ts';
 import type { MilterHeader } from '../../src/milter/handler.ts';
-import { resolveInZone } from '../support/dns-zone.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { scalar } from '../support/jobs.ts';
+import { milterCheckOver, storeWith } from '../support/milter-check-over.ts';
 import { milterEnvelope } from '../support/milter-message.ts';
 
 let h: Harness;
@@ -26,12 +22,7 @@ let check: MilterCheck;
 before(async () => {
   await loadMailauth();
   h = await startHarness();
-  const lookup = { resolve: resolveInZone } as unknown as CachingLookup;
-  check = new MilterCheck(
-    h.container.resolve<MessageAdmission>(TOKENS.MessageAdmission),
-    new MailauthAuthenticator(h.config.authservId, lookup),
-    h.config.authservId,
-  );
+  check = milterCheckOver(h);
 });
 after(() => h.close());
 
@@ -98,47 +89,15 @@ test('undoing removes only what that accept reserved and is still in flight', as
   assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QREFUSED1'`), 0);
 });
 
-/** The message store with one method replaced, as a lossy connection or an outage would make it. */
-function storeWith<K extends keyof MessageStore>(
-  name: K,
-  replace: (target: MessageStore) => MessageStore[K],
-): MessageStore {
-  const store = h.container.resolve<MessageStore>(TOKENS.MessageStore);
-  return new Proxy(store, {
-    get(target, key) {
-      if (key === name) return replace(target);
-      const value = Reflect.get(target, key);
-      return typeof value === 'function' ? value.bind(target) : value;
-    },
-  });
-}
-
-/** A MilterCheck over the real admission rules and `store`. */
-function checkOver(store: MessageStore, withdrawRetryMs?: readonly number[]): MilterCheck {
-  const admission = new MessageAdmission(
-    h.container.resolve(TOKENS.InboxStore),
-    store,
-    h.clock,
-    h.container.resolve(TOKENS.SmtpReplies),
-    h.config,
-  );
-  return new MilterCheck(
-    admission,
-    new MailauthAuthenticator(h.config.authservId, { resolve: resolveInZone } as unknown as CachingLookup),
-    h.config.authservId,
-    withdrawRetryMs,
-  );
-}
-
 test('a reservation that committed but whose call failed (the answer lost on the way back) is withdrawn at once', async () => {
   const inbox = await h.provision();
   // The statement commits, then its answer never arrives: the milter sees an error, answers `t`.
-  const failing = checkOver(
-    storeWith('reserveAll', (target) => async (reservations) => {
+  const failing = milterCheckOver(h, {
+    store: storeWith(h, 'reserveAll', (target) => async (reservations) => {
       await target.reserveAll(reservations);
       throw new Error('Connection terminated unexpectedly');
     }),
-  );
+  });
   const consumer = failing.beginMessage(
     milterEnvelope({ queueId: 'QGHOST1', recipients: [inbox.address] }),
     headers,
@@ -155,13 +114,13 @@ test('a reservation that committed but whose call failed (the answer lost on the
 test('a withdrawal that fails (PostgreSQL still away) is tried again until it goes through', async () => {
   const inbox = await h.provision();
   let failures = 2;
-  const retrying = checkOver(
-    storeWith('withdrawReservations', (target) => async (keys) => {
+  const retrying = milterCheckOver(h, {
+    store: storeWith(h, 'withdrawReservations', (target) => async (keys) => {
       if (failures-- > 0) throw new Error('connect ECONNREFUSED 127.0.0.1:5432');
       return target.withdrawReservations(keys);
     }),
-    [10, 10, 10],
-  );
+    withdrawRetryMs: [10, 10, 10],
+  });
   const consumer = retrying.beginMessage(
     milterEnvelope({ queueId: 'QOUTAGE1', recipients: [inbox.address] }),
     headers,
