@@ -80,7 +80,7 @@ function recording(readsBody: boolean) {
   };
   const sizes: number[] = [];
   const admission = {
-    open: untrackedDecision,
+    open: () => untrackedDecision([], new Date()),
     admit: async (facts: { sizeBytes: number }) => {
       sizes.push(facts.sizeBytes);
       return { kind: 'accept' };

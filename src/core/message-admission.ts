@@ -118,20 +118,25 @@ export class MessageAdmission {
   }
 
   /**
-   * Opens a decision in this process's ledger (reservation-ledger.ts), before admit(); the caller
-   * closes it once the answer was handed to the MTA, or what admit() reserved (its keys) was withdrawn.
+   * Opens the decision about a message to `recipients` in this process's ledger (reservation-ledger.ts):
+   * the keys of every row it may reserve, one new message id per addressed inbox. The caller passes it
+   * to admit() and closes it once the answer was handed to the MTA, or what admit() reserved was
+   * withdrawn (withdraw(decision.keys)).
    */
-  open(): Decision {
-    return this.#ledger?.open() ?? untrackedDecision();
+  open(recipients: string[]): Decision {
+    const keys = this.#addressed(recipients)
+      .filter((id): id is string => id !== null)
+      .filter((id, i, ids) => ids.indexOf(id) === i)
+      .map((inboxId) => ({ inboxId, messageId: newMessageId() }));
+    return this.#ledger?.open(keys) ?? untrackedDecision(keys, this.#clock.now());
   }
 
   /**
-   * The verdict for the whole message; on accept, it is reserved in every recipient inbox. `decision`
-   * is told the keys of the rows before they are reserved (for the heartbeat and for withdraw()), and
-   * none again if nothing was reserved.
+   * The verdict for the whole message, decided at `decision`'s instant; on accept, it is reserved in
+   * every recipient inbox under the decision's keys.
    */
-  async admit(facts: MessageFacts, decision: Decision = untrackedDecision()): Promise<Verdict> {
-    const now = this.#clock.now();
+  async admit(facts: MessageFacts, decision: Decision = this.open(facts.recipients)): Promise<Verdict> {
+    const { now } = decision;
     if (facts.sizeBytes > this.#settings.maxMessageBytes) return this.#replies.messageTooBig;
     const { auth } = facts;
     // A failure a DNS outage may have caused (mailauth counts a temperror as not passing) is for now:
@@ -141,9 +146,7 @@ export class MessageAdmission {
 
     // The inboxes only, with the From: domain's opt-outs in the same read: their usage is read under
     // the inbox lock when reserving (reserveAll).
-    const addressed = ourRecipients(facts.recipients, this.#settings.mailDomain).map((recipient) =>
-      inboxIdOf(recipient, this.#settings.mailDomain),
-    );
+    const addressed = this.#addressed(facts.recipients);
     const authors = auth.authorDomains ?? (auth.fromDomain ? [auth.fromDomain] : []);
     const found = await this.#inboxes.findWithOptOuts(
       [...new Set(addressed.filter((id): id is string => id !== null))],
@@ -190,24 +193,22 @@ export class MessageAdmission {
     const reservedBy = decision.owner;
     const reservations = inboxIds.map((inboxId) => ({
       inboxId,
-      messageId: newMessageId(),
+      messageId: messageIdIn(decision, inboxId),
       queueId: facts.queueId,
       sizeBytes: reservedBytes,
       envelopeFrom: facts.envelopeFrom,
       now,
       reservedBy,
     }));
-    // Named before the statement goes: if it commits and this process dies before the answer, its
-    // heartbeat has named them (mail/orphan-sweep.ts). If it fails, it may have committed before the
-    // error (the connection lost on the way back, the statement cut by a timeout): the milter answers
-    // `t`, Postfix queues nothing, and the milter withdraws these keys (undelivered()); left alone, they
-    // held quota for RESERVATION_TTL_SECONDS and turned the sender's retry into a quota refusal (until
-    // 2026-11-25). A queue id already reserved in an inbox keeps that row; withdrawing these ids leaves
-    // it alone.
-    decision.reserving(reservations.map(({ inboxId, messageId }) => ({ inboxId, messageId })));
+    // The keys were named when the decision opened: if this commits and the process dies before the
+    // answer, its heartbeat has named them, or dates them after itself (mail/orphan-sweep.ts). If it
+    // fails, it may have committed before the error (the connection lost on the way back, the
+    // statement cut by a timeout): the milter answers `t`, Postfix queues nothing, and the milter
+    // withdraws the keys (undelivered()); left alone, they held quota for RESERVATION_TTL_SECONDS and
+    // turned the sender's retry into a quota refusal (until 2026-11-25). A queue id already reserved in
+    // an inbox keeps that row; withdrawing these keys leaves it alone.
     const outcome = await this.#messages.reserveAll(reservations);
     if (outcome.kind === 'reserved') return ACCEPT;
-    decision.reserving([]);
     if (outcome.inboxIds.length < inboxIds.length) {
       return this.#replies.recipientsDisagree;
     }
@@ -226,6 +227,12 @@ export class MessageAdmission {
    */
   withdraw(keys: MessageKey[]): Promise<number> {
     return keys.length === 0 ? Promise.resolve(0) : this.#messages.withdrawReservations(keys);
+  }
+
+  /** Each recipient's inbox id, null for one that names no inbox (ourRecipients). */
+  #addressed(recipients: string[]): (string | null)[] {
+    const domain = this.#settings.mailDomain;
+    return ourRecipients(recipients, domain).map((recipient) => inboxIdOf(recipient, domain));
   }
 
   async #recordAll(
@@ -253,6 +260,13 @@ export class MessageAdmission {
       );
     }
   }
+}
+
+/** The message id `decision` named for `inboxId` (open() names one for every addressed inbox). */
+function messageIdIn(decision: Decision, inboxId: string): string {
+  const key = decision.keys.find((k) => k.inboxId === inboxId);
+  if (!key) throw new Error(`the decision named no row in inbox ${inboxId}`);
+  return key.messageId;
 }
 
 /**

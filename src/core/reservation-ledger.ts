@@ -4,13 +4,15 @@
  * exactly which of its reservations may never have been answered (mail/orphan-sweep.ts,
  * migrations/20261207000000_reservation_owner.ts).
  *
- * A decision opens before MessageAdmission reads its clock, learns the keys of the rows it reserves
- * before the reservation is sent (reserving), and closes once its answer was handed to the MTA, once it
- * reserved nothing, or once what it reserved was withdrawn. A snapshot names the keys of every open
- * decision, and `answeredBefore`: the start of the oldest open decision that has no keys yet, or now.
- * A row of this process is answered if it is not among those keys and was reserved before that
- * instant: a decision without keys reserves with `reserved_at` at or after its start, one with keys is
- * named. A decision stuck with keys (a withdrawal retried for minutes) holds back nothing.
+ * A decision is opened with the keys of every row it may reserve (one new message id per addressed
+ * inbox, made here, before anything is read) and its instant, which is the `reserved_at` of those rows;
+ * it closes once its answer was handed to the MTA, once it is known to have reserved nothing, or once
+ * what it reserved was withdrawn. A snapshot names the keys of every open decision and an instant
+ * `answeredBefore`: every decision opened later has an instant at or after it. So a row of this
+ * process that a snapshot neither names nor dates at or after `answeredBefore` was answered (or
+ * withdrawn) before that snapshot; one answered within the snapshot's millisecond counts as not (it is
+ * released with the ghosts if the process dies, as what it answers after its last heartbeat is).
+ * Instants never go back, even if the wall clock is stepped back: each is at least the last one.
  *
  * The process is named by `incarnation` (a random uuid per start). A decision names it only if the
  * heartbeat row existed when it opened and the process was not stopping (owner): a row naming a milter
@@ -22,9 +24,10 @@ import type { MessageKey } from './ports.ts';
 export interface Decision {
   /** The incarnation to write on its reservations, or null (left to the clean-up job). */
   readonly owner: string | null;
-  /** The keys of the rows it reserves, named before the reservation is sent; empty before. */
+  /** Its instant: what it decides by, and the `reserved_at` of what it reserves. */
+  readonly now: Date;
+  /** Every row it may reserve; it reserves some, all or none of them. */
   readonly keys: readonly MessageKey[];
-  reserving(keys: MessageKey[]): void;
   /** More calls do nothing. */
   close(): void;
 }
@@ -35,29 +38,15 @@ export interface LedgerSnapshot {
 }
 
 /** A decision outside any ledger: no owner, nothing tracked. */
-export function untrackedDecision(): Decision {
-  let keys: readonly MessageKey[] = [];
-  return {
-    owner: null,
-    get keys() {
-      return keys;
-    },
-    reserving(named) {
-      keys = named;
-    },
-    close() {},
-  };
-}
-
-interface OpenDecision {
-  opened: Date;
-  keys: MessageKey[] | null;
+export function untrackedDecision(keys: MessageKey[], now: Date): Decision {
+  return { owner: null, now, keys, close() {} };
 }
 
 export class ReservationLedger {
   readonly incarnation: string;
   readonly #clock: Clock;
-  readonly #open = new Set<OpenDecision>();
+  readonly #open = new Set<readonly MessageKey[]>();
+  #last = 0;
   #registered = false;
   #retired = false;
 
@@ -77,35 +66,32 @@ export class ReservationLedger {
     this.#retired = true;
   }
 
-  open(): Decision {
-    const entry: OpenDecision = { opened: this.#clock.now(), keys: null };
-    this.#open.add(entry);
-    const owner = this.#registered && !this.#retired ? this.incarnation : null;
+  open(keys: MessageKey[]): Decision {
+    const tracked: readonly MessageKey[] = [...keys];
+    this.#open.add(tracked);
     return {
-      owner,
-      get keys() {
-        return entry.keys ?? [];
-      },
-      reserving: (keys) => {
-        entry.keys = keys;
-      },
+      owner: this.#registered && !this.#retired ? this.incarnation : null,
+      now: this.#instant(),
+      keys: tracked,
       close: () => {
-        this.#open.delete(entry);
+        this.#open.delete(tracked);
       },
     };
   }
 
   snapshot(): LedgerSnapshot {
-    let oldest: Date | null = null;
     const open: MessageKey[] = [];
-    for (const entry of this.#open) {
-      if (entry.keys) open.push(...entry.keys);
-      else if (!oldest || entry.opened < oldest) oldest = entry.opened;
-    }
-    return { answeredBefore: oldest ?? this.#clock.now(), open };
+    for (const keys of this.#open) open.push(...keys);
+    return { answeredBefore: this.#instant(), open };
   }
 
   get openCount(): number {
     return this.#open.size;
+  }
+
+  /** The clock's time, or the last instant handed out if the clock went back since. */
+  #instant(): Date {
+    this.#last = Math.max(this.#last, this.#clock.now().getTime());
+    return new Date(this.#last);
   }
 }

@@ -6,9 +6,9 @@
  *               the real size against the free quota; reserves the message in every recipient inbox;
  *               removes forged Authentication-Results with our authserv-id and inserts ours.
  * Reads/writes: reads inboxes, usage, opt-outs and DNS (DNS_SERVERS); writes reservations and records
- *               `sender_opted_out`, `sender_not_allowed` and `quota` rejections; every 10 s its
- *               heartbeat, and releases what a milter silent for a minute reserved and never answered
- *               (mail/orphan-sweep.ts).
+ *               `sender_opted_out`, `sender_not_allowed` and `quota` rejections; every second its
+ *               heartbeat, and every 5 s releases what a milter silent for a minute reserved and never
+ *               answered (mail/orphan-sweep.ts).
  * On failure:   a message it cannot decide gets a tempfail (451); if the milter is down Postfix applies
  *               `milter_default_action = tempfail`. Never a 5xx for our own trouble.
  * On SIGTERM:   stops accepting; connections between transactions end at once; a transaction in

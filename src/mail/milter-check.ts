@@ -14,7 +14,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { claimsAuthservId } from '../core/authentication-results.ts';
 import type { MessageAdmission } from '../core/message-admission.ts';
 import type { Authenticator, AuthVerdict } from '../core/ports.ts';
-import { type Decision, untrackedDecision } from '../core/reservation-ledger.ts';
+import type { Decision } from '../core/reservation-ledger.ts';
 import type {
   HeaderEdits,
   MessageConsumer,
@@ -81,7 +81,7 @@ export class MilterCheck implements MilterHandler {
     stream.write(verified === headers ? headerBlock : blockOf(verified));
     // Nothing more to give: mailauth may work (DNS, DMARC) while the body is still arriving.
     if (!readsBody) stream.end();
-    let decision: Decision = untrackedDecision();
+    let decision: Decision | undefined;
 
     return {
       body: async (chunk) => {
@@ -93,7 +93,7 @@ export class MilterCheck implements MilterHandler {
         const verdict = await auth.then((v) => (obsoleteDomain ? { ...v, unverifiableAuthor: true } : v));
         // Open from before the reservation until the answer reached the MTA or it was withdrawn
         // (core/reservation-ledger.ts): a process that dies meanwhile leaves it to the orphan sweep.
-        decision = this.#admission.open();
+        decision = this.#admission.open(envelope.recipients);
         const outcome = await this.#admission.admit(
           {
             queueId: envelope.queueId,
@@ -110,28 +110,29 @@ export class MilterCheck implements MilterHandler {
           },
           decision,
         );
-        if (decision.keys.length === 0) decision.close();
+        // A refusal reserved nothing (the reservation is all or none, and the last step).
+        if (outcome.kind !== 'accept') decision.close();
         return { verdict: outcome, edits: this.#edits(headers, verdict) };
       },
       abort: () => {
         stream.destroy();
       },
-      delivered: () => decision.close(),
+      delivered: () => decision?.close(),
       undelivered: async () => {
         // Closed only once withdrawn: if this process dies first, its heartbeat names these keys, and
         // the orphan sweep releases them (orphan-sweep.ts).
         for (const wait of this.#withdrawRetryMs) {
           try {
-            await this.#admission.withdraw([...decision.keys]);
-            decision.close();
+            await this.#admission.withdraw([...(decision?.keys ?? [])]);
+            decision?.close();
             return;
           } catch {
             // Pending timers must not hold a stopping process open: what is left then is the job's.
             await sleep(wait, undefined, { ref: false });
           }
         }
-        await this.#admission.withdraw([...decision.keys]);
-        decision.close();
+        await this.#admission.withdraw([...(decision?.keys ?? [])]);
+        decision?.close();
       },
     };
   }

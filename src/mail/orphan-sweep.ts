@@ -4,9 +4,10 @@
  *
  * Every `intervalMs` each milter process writes its heartbeat with its ledger's snapshot (the keys
  * of the reservations it has not answered yet, and the instant from which what it reserves is not yet
- * named: core/reservation-ledger.ts), then releases what milters silent for `leaseSeconds` may have
- * left unanswered. Any live milter sweeps (the rows of the dead are taken with SKIP LOCKED), so a
- * milter that was killed is cleaned up by its replacement or by a sibling within about a lease.
+ * named: core/reservation-ledger.ts); every `sweepIntervalMs`, in a loop of its own, it releases what
+ * milters silent for `leaseSeconds` may have left unanswered. Any live milter sweeps (the rows of the
+ * dead are taken with SKIP LOCKED), so a milter that was killed is cleaned up by its replacement or by
+ * a sibling within about a lease.
  *
  * What a dead milter answered in its last interval, after its last heartbeat, is released with the
  * ghosts: nothing tells them apart. Its delivery is still stored, but its quota is not held until
@@ -25,17 +26,24 @@ import type { Log } from '../log.ts';
 import type { PgMilterIncarnations } from '../storage/milter-incarnations.ts';
 
 export interface OrphanSweepTiming {
+  /** Between heartbeats. */
   intervalMs: number;
+  /** Between sweeps; each runs on its own, so one waiting on a lock never delays a heartbeat. */
+  sweepIntervalMs: number;
   leaseSeconds: number;
 }
 
-export const ORPHAN_SWEEP: OrphanSweepTiming = { intervalMs: 1_000, leaseSeconds: 60 };
+export const ORPHAN_SWEEP: OrphanSweepTiming = {
+  intervalMs: 1_000,
+  sweepIntervalMs: 5_000,
+  leaseSeconds: 60,
+};
 
 export interface OrphanSweep {
   /** Settles after the first heartbeat and sweep (whether they worked). */
   readonly started: Promise<void>;
   /**
-   * Stops the timer, and decisions opened from now on name no process (their rows are left to the
+   * Stops both loops, and decisions opened from now on name no process (their rows are left to the
    * clean-up job); then, with no decision open, removes the heartbeat row (everything was answered),
    * else writes one last heartbeat. Best effort: what fails is left to the sweep.
    */
@@ -49,61 +57,78 @@ export function startOrphanSweep(
   timing: OrphanSweepTiming = ORPHAN_SWEEP,
   released: (count: number) => void = () => {},
 ): OrphanSweep {
-  let timer: NodeJS.Timeout | undefined;
   let stopped = false;
-  let failing = false;
-  let running: Promise<void> = Promise.resolve();
-
   const beat = async () => {
     await incarnations.beat(ledger.incarnation, ledger.snapshot());
     if (!stopped) ledger.registered();
   };
-  const tick = async () => {
+  const sweep = async () => {
+    const release = await incarnations.releaseOrphans(timing.leaseSeconds);
+    if (release.released === 0) return;
+    released(release.released);
+    log({
+      level: 'warn',
+      msg: 'released the reservations of a milter that stopped without answering them',
+      milters: release.dead,
+      reservations: release.released,
+      bytes: release.bytes,
+    });
+  };
+  const beats = repeat('milter heartbeat', beat, timing.intervalMs, () => stopped, log);
+  const sweeps = repeat('orphan sweep', sweep, timing.sweepIntervalMs, () => stopped, log);
+
+  return {
+    started: beats.first.then(() => sweeps.first),
+    async stop() {
+      stopped = true;
+      ledger.retire();
+      await Promise.all([beats.stop(), sweeps.stop()]);
+      const last = ledger.openCount === 0 ? incarnations.forget(ledger.incarnation) : beat();
+      await last.catch(() => {});
+    },
+  };
+}
+
+/**
+ * Runs `work` now and then `everyMs` after each run ends, until `stopped()`; a failure is logged once
+ * (and its recovery), and the next run tries again.
+ */
+function repeat(
+  what: string,
+  work: () => Promise<void>,
+  everyMs: number,
+  stopped: () => boolean,
+  log: Log,
+): { first: Promise<void>; stop(): Promise<void> } {
+  let timer: NodeJS.Timeout | undefined;
+  let failing = false;
+  const run = async () => {
     try {
-      await beat();
-      const release = await incarnations.releaseOrphans(timing.leaseSeconds);
-      if (release.released > 0) {
-        released(release.released);
-        log({
-          level: 'warn',
-          msg: 'released the reservations of a milter that stopped without answering them',
-          milters: release.dead,
-          reservations: release.released,
-          bytes: release.bytes,
-        });
-      }
-      if (failing) log({ msg: 'milter heartbeat works again', incarnation: ledger.incarnation });
+      await work();
+      if (failing) log({ msg: `${what} works again` });
       failing = false;
     } catch (error) {
       if (!failing) {
-        log({
-          level: 'warn',
-          msg: 'milter heartbeat or orphan sweep failed; trying again',
-          incarnation: ledger.incarnation,
-          error: error instanceof Error ? error.message : String(error),
-        });
+        const message = error instanceof Error ? error.message : String(error);
+        log({ level: 'warn', msg: `${what} failed; trying again`, error: message });
       }
       failing = true;
     }
   };
-  const schedule = () => {
-    if (stopped) return;
+  const next = () => {
+    if (stopped()) return;
     timer = setTimeout(() => {
-      running = tick().finally(schedule);
-    }, timing.intervalMs);
+      running = run().finally(next);
+    }, everyMs);
     timer.unref();
   };
-  running = tick().finally(schedule);
-
+  let running = run().finally(next);
+  const first = running;
   return {
-    started: running,
+    first,
     async stop() {
-      stopped = true;
-      ledger.retire();
       clearTimeout(timer);
       await running;
-      const last = ledger.openCount === 0 ? incarnations.forget(ledger.incarnation) : beat();
-      await last.catch(() => {});
     },
   };
 }

@@ -27,7 +27,7 @@ const lookup = { resolve: resolveInZone } as unknown as CachingLookup;
 /** Accepts every message; keeps the last one's authentication verdict, to check the signed case passes. */
 let lastVerdict: AuthVerdict | undefined;
 const accept = {
-  open: untrackedDecision,
+  open: () => untrackedDecision([], new Date()),
   admit: async (facts: { auth: AuthVerdict }) => {
     lastVerdict = facts.auth;
     return { kind: 'accept' };

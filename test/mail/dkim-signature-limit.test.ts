@@ -30,7 +30,7 @@ const headersOf = milterMessage;
 function admissionRecording(): { facts: MessageFacts[]; admission: MessageAdmission } {
   const facts: MessageFacts[] = [];
   const admission = {
-    open: untrackedDecision,
+    open: () => untrackedDecision([], new Date()),
     admit: async (f: MessageFacts) => {
       facts.push(f);
       return { kind: 'accept' };

@@ -32,7 +32,7 @@ import { milterEnvelope } from '../support/milter-message.ts';
 // A reservation of reserve-and-die's message is about 4.5 KB: one fits in an inbox, two do not.
 const QUOTA = 7_000;
 /** The production timing, with a lease short enough to wait for. */
-const FAST = { ...ORPHAN_SWEEP, intervalMs: 100, leaseSeconds: 1 };
+const FAST = { ...ORPHAN_SWEEP, intervalMs: 100, sweepIntervalMs: 100, leaseSeconds: 1 };
 let h: Harness;
 let incarnations: PgMilterIncarnations;
 before(async () => {
@@ -95,9 +95,12 @@ async function silentLedger(): Promise<ReservationLedger> {
   return ledger;
 }
 
-/** The milter of `ledger` is silent, as if for two hours: the next sweep takes it for dead. */
-async function diedLongAgo(ledger: ReservationLedger): Promise<void> {
-  await incarnations.beat(ledger.incarnation, ledger.snapshot());
+/**
+ * The milter of `ledger` is silent, as if for two hours: the next sweep takes it for dead. `beatFirst`:
+ * it wrote one more heartbeat before it died (else it died right after its last one).
+ */
+async function diedLongAgo(ledger: ReservationLedger, beatFirst = true): Promise<void> {
+  if (beatFirst) await incarnations.beat(ledger.incarnation, ledger.snapshot());
   await query(
     `UPDATE milter_incarnations SET heartbeat_at = now() - interval '2 hours' WHERE incarnation_id = $1`,
     [ledger.incarnation],
@@ -346,11 +349,87 @@ test('a milter that stops with everything answered leaves no heartbeat row; one 
   const busy = new ReservationLedger(randomUUID(), h.clock);
   const busySweep = startOrphanSweep(busy, incarnations, () => {});
   await busySweep.started;
-  const opened = h.clock.now();
-  const decision = busy.open();
+  const decision = busy.open([{ inboxId: 'someinbox', messageId: 'msg_open' }]);
   assert.equal(decision.owner, busy.incarnation);
   h.clock.advance(30);
   await busySweep.stop();
-  assert.deepEqual(await rowOf(busy.incarnation), { answered_before: opened, open_message_ids: [] });
-  assert.equal(busy.open().owner, null, 'a decision opened after the stop names no milter');
+  const row = await rowOf(busy.incarnation);
+  assert.deepEqual(row?.open_message_ids, ['msg_open'], 'the last heartbeat names what is open');
+  assert.ok(row && row.answered_before >= decision.now);
+  assert.equal(busy.open([]).owner, null, 'a decision opened after the stop names no milter');
+});
+
+test('killed after reserving and before its next heartbeat named it: released by its instant, even with the clock stepped back', async () => {
+  for (const step of [1, -2]) {
+    const ledger = await silentLedger();
+    const inbox = await h.provision();
+    // An NTP step back between the last heartbeat and the reservation must not date the row before it.
+    h.clock.advance(step);
+    const ghost = await decide(milterOf(ledger), [inbox], `QUNNAMED${step}`);
+    assert.equal(ghost.verdict.kind, 'accept');
+    await diedLongAgo(ledger, false);
+    const release = await incarnations.releaseOrphans(60);
+    assert.equal(release.released, 1, `clock moved ${step} s: the unnamed ghost is released`);
+    assert.equal(await used(inbox), 0);
+  }
+});
+
+test('a refusal still recording its rejection holds nothing back: what the milter answered meanwhile stays', async () => {
+  const ledger = await silentLedger();
+  const refusing = await h.provision(['only-this.test']); // s@allowed.test is not admitted
+  const open = await h.provision();
+  let recorded = () => {};
+  const gate = new Promise<void>((resolve) => {
+    recorded = resolve;
+  });
+  // Recording waits, as for the inbox row's lock (lock_timeout 20 s) or a pool connection.
+  const slowRecord = storeWith(h, 'recordRejection', (target) => async (...args) => {
+    await gate;
+    return target.recordRejection(...args);
+  });
+  const refusal = decide(milterOf(ledger, slowRecord), [refusing], 'QREFUSING');
+  for (let i = 0; i < 3; i++) {
+    h.clock.advance(2);
+    assert.equal((await retry(milterOf(ledger), open, `QMEANWHILE${i}`)).kind, 'accept');
+    h.clock.advance(1); // a heartbeat a second later (within its millisecond, an answer counts as not)
+    await incarnations.beat(ledger.incarnation, ledger.snapshot());
+  }
+  await diedLongAgo(ledger, false);
+  const release = await incarnations.releaseOrphans(60);
+  recorded();
+  assert.equal((await refusal).verdict.kind === 'accept', false);
+  assert.deepEqual(release, { dead: 1, released: 0, bytes: 0 });
+  assert.equal(ledger.openCount, 0, 'a refusal closes its decision: the ledger keeps nothing of it');
+});
+
+test('a sweep waiting for a lock does not hold back the heartbeat', async () => {
+  const dead = await silentLedger();
+  const inbox = await h.provision();
+  assert.equal((await decide(milterOf(dead), [inbox], 'QLOCKED')).verdict.kind, 'accept');
+  await diedLongAgo(dead);
+  // The inbox row is held (the expire job's pick takes it FOR SHARE): the release waits for it.
+  const client = await h.container.resolve<Database>(TOKENS.Database).pool.connect();
+  const live = new ReservationLedger(randomUUID(), h.clock);
+  let sweep: ReturnType<typeof startOrphanSweep> | undefined;
+  try {
+    await client.query('BEGIN');
+    await client.query('SELECT 1 FROM inboxes WHERE inbox_id = $1 FOR SHARE', [inbox.inbox_id]);
+    sweep = startOrphanSweep(live, incarnations, () => {}, FAST);
+    const beats = new Set<number>();
+    const started = Date.now();
+    while (Date.now() - started < 2_000) {
+      const [row] = await query<{ at: Date }>(
+        'SELECT heartbeat_at AS at FROM milter_incarnations WHERE incarnation_id = $1',
+        [live.incarnation],
+      );
+      if (row) beats.add(row.at.getTime());
+      await sleep(20);
+    }
+    assert.ok(beats.size >= 8, `${beats.size} heartbeats in 2 s at 100 ms`);
+  } finally {
+    await client.query('COMMIT');
+    client.release();
+  }
+  await until('the ghost is released once the lock is gone', async () => (await used(inbox)) === 0);
+  await sweep?.stop();
 });

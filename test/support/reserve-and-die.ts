@@ -38,7 +38,7 @@ const sweep = startOrphanSweep(
   ledger,
   container.resolve<PgMilterIncarnations>(TOKENS.MilterIncarnations),
   () => {},
-  { intervalMs: beat, leaseSeconds: 3600 },
+  { intervalMs: beat, sweepIntervalMs: 3_600_000, leaseSeconds: 3600 },
 );
 await sweep.started;
 const check = new MilterCheck(
