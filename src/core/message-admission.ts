@@ -124,10 +124,10 @@ export class MessageAdmission {
    * withdrawn (withdraw(decision.keys)).
    */
   open(recipients: string[]): Decision {
-    const keys = this.#addressed(recipients)
-      .filter((id): id is string => id !== null)
-      .filter((id, i, ids) => ids.indexOf(id) === i)
-      .map((inboxId) => ({ inboxId, messageId: newMessageId() }));
+    const keys = this.#inboxIds(this.#addressed(recipients)).map((inboxId) => ({
+      inboxId,
+      messageId: newMessageId(),
+    }));
     return this.#ledger?.open(keys) ?? untrackedDecision(keys, this.#clock.now());
   }
 
@@ -149,7 +149,7 @@ export class MessageAdmission {
     const addressed = this.#addressed(facts.recipients);
     const authors = auth.authorDomains ?? (auth.fromDomain ? [auth.fromDomain] : []);
     const found = await this.#inboxes.findWithOptOuts(
-      [...new Set(addressed.filter((id): id is string => id !== null))],
+      this.#inboxIds(addressed),
       authors.flatMap((domain) => OptOuts.namesCovering(domain)),
     );
     const targets = addressed.map((id) => (id ? found.inboxes.get(id) : undefined));
@@ -225,7 +225,7 @@ export class MessageAdmission {
    * out, so Postfix answered the client 4xx and queued nothing): the reservations admit() made are
    * removed now, not RESERVATION_TTL_SECONDS later. Returns how many were removed.
    */
-  withdraw(keys: MessageKey[]): Promise<number> {
+  withdraw(keys: readonly MessageKey[]): Promise<number> {
     return keys.length === 0 ? Promise.resolve(0) : this.#messages.withdrawReservations(keys);
   }
 
@@ -233,6 +233,11 @@ export class MessageAdmission {
   #addressed(recipients: string[]): (string | null)[] {
     const domain = this.#settings.mailDomain;
     return ourRecipients(recipients, domain).map((recipient) => inboxIdOf(recipient, domain));
+  }
+
+  /** The distinct inbox ids among `addressed`. */
+  #inboxIds(addressed: (string | null)[]): string[] {
+    return [...new Set(addressed.filter((id): id is string => id !== null))];
   }
 
   async #recordAll(

@@ -251,7 +251,7 @@ export interface MessageStore {
    * MTA deliver the message after all, the receiver stores it as a delivery without a reservation
    * rather than taking it for one already handled. Returns how many were removed.
    */
-  withdrawReservations(keys: MessageKey[]): Promise<number>;
+  withdrawReservations(keys: readonly MessageKey[]): Promise<number>;
   /**
    * Streams the body into chunks and makes the message visible at the next event position, all in one
    * transaction. A queue id already stored for this inbox is a 'duplicate' and stores nothing; so is

@@ -121,18 +121,19 @@ export class MilterCheck implements MilterHandler {
       undelivered: async () => {
         // Closed only once withdrawn: if this process dies first, its heartbeat names these keys, and
         // the orphan sweep releases them (orphan-sweep.ts).
+        const withdraw = async () => {
+          await this.#admission.withdraw(decision?.keys ?? []);
+          decision?.close();
+        };
         for (const wait of this.#withdrawRetryMs) {
           try {
-            await this.#admission.withdraw([...(decision?.keys ?? [])]);
-            decision?.close();
-            return;
+            return await withdraw();
           } catch {
             // Pending timers must not hold a stopping process open: what is left then is the job's.
             await sleep(wait, undefined, { ref: false });
           }
         }
-        await this.#admission.withdraw([...(decision?.keys ?? [])]);
-        decision?.close();
+        await withdraw();
       },
     };
   }

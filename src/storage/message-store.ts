@@ -86,7 +86,7 @@ export class PgMessageStore implements MessageStore {
     return outcome ?? 'over_quota';
   }
 
-  async withdrawReservations(keys: MessageKey[]): Promise<number> {
+  async withdrawReservations(keys: readonly MessageKey[]): Promise<number> {
     // The held-bytes trigger frees the quota and moves each inbox's version, locking in key order. A
     // delivery storing the message holds its row; once it commits, the row is no longer in flight.
     const rows = await this.#db.rows<{ inbox_id: string }>(

@@ -71,8 +71,7 @@ const RELEASE_SQL = `
     RETURNING 1)
   SELECT (SELECT count(*) FROM dead)::int AS dead,
     (SELECT count(*) FROM released)::int AS released,
-    (SELECT coalesce(sum(size_bytes), 0) FROM released)::int8 AS bytes,
-    (SELECT count(*) FROM forgotten)::int AS forgotten`;
+    (SELECT coalesce(sum(size_bytes), 0) FROM released)::int8 AS bytes`;
 
 /**
  * How long the sweep waits for a lock (an inbox row whose held bytes it lowers) before it gives up
