@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 NODE := $(CURDIR)/node_modules/.bin/node
 TEST_FILES ?= test/**/*.test.ts
 
-.PHONY: run test check lint typecheck install postgres mail-tools bench-tools database migrate bench-api bench-mail clean \
+.PHONY: run test check lint typecheck install postgres mail-tools bench-tools database migrate bench-api bench-mail soak clean \
 	up down logs ps
 
 ## run: start the whole stack in the foreground: API, policy daemon, milter, LMTP receiver and a
@@ -94,6 +94,12 @@ bench-mail: install database bench-tools
 	$(NODE) test/bench/lmtp-memory.ts
 	$(NODE) test/bench/chunk-storage.ts
 	$(NODE) test/bench/milter-check-bench.ts
+
+## soak: mail through the real stack for 90 s while its daemons are killed and frozen and PostgreSQL is
+## cut off at random; then every accepted message must be stored once, byte for byte, nothing bounced
+## and nothing left reserved (test/soak/crash-soak.ts; SOAK_SECONDS, SOAK_RATE, SOAK_FAULTS, SOAK_SEED)
+soak: install database mail-tools
+	$(NODE) test/soak/crash-soak.ts
 
 ## up: build the images and start the container stack in the background (docker/compose.yaml; settings
 ## in docker/.env, from docker/.env.example; see docker/README.md)

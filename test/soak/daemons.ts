@@ -1,0 +1,90 @@
+/**
+ * daemons - our three mail daemons as child processes (`node src/main.ts policy|milter|lmtp`, the
+ * production shape), which the crash soak kills, freezes and starts again.
+ *
+ * A start appends to the daemon's log file and resolves once the daemon accepts connections; a kill
+ * is SIGKILL (no clean-up of any kind runs: what the OOM killer or a `docker kill` does), a freeze is
+ * SIGSTOP until SIGCONT.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { open } from 'node:fs/promises';
+import { join } from 'node:path';
+import { waitListening } from '../bench/wait-listening.ts';
+
+export type DaemonName = 'policy' | 'milter' | 'lmtp';
+
+export class Daemon {
+  readonly name: DaemonName;
+  readonly #port: number;
+  readonly #env: Record<string, string>;
+  readonly #logFile: string;
+  #child: ChildProcess | undefined;
+  #stopping = false;
+  starts = 0;
+  /** Exits nobody asked for (a crash of its own: a bug), as `code` or `signal`. */
+  readonly crashes: string[] = [];
+
+  constructor(name: DaemonName, port: number, env: Record<string, string>, logDir: string) {
+    this.name = name;
+    this.#port = port;
+    this.#env = env;
+    this.#logFile = join(logDir, `${name}.log`);
+  }
+
+  get logFile(): string {
+    return this.#logFile;
+  }
+
+  get running(): boolean {
+    return this.#child !== undefined && this.#child.exitCode === null && this.#child.signalCode === null;
+  }
+
+  async start(): Promise<void> {
+    if (this.running) return;
+    const log = await open(this.#logFile, 'a');
+    const child = spawn(process.execPath, ['src/main.ts', this.name], {
+      env: { ...process.env, ...this.#env },
+      stdio: ['ignore', log.fd, log.fd],
+    });
+    await log.close();
+    this.#stopping = false;
+    child.once('exit', (code, signal) => {
+      if (!this.#stopping) this.crashes.push(String(code ?? signal));
+    });
+    this.#child = child;
+    this.starts++;
+    await waitListening(this.name, this.#port, child);
+  }
+
+  /** SIGKILL, and waits until the process is gone. */
+  async kill(): Promise<void> {
+    const child = this.#child;
+    if (!child || !this.running) return;
+    const exited = new Promise((done) => child.once('exit', done));
+    this.#stopping = true;
+    child.kill('SIGKILL');
+    await exited;
+  }
+
+  /** SIGSTOP for `ms`, then SIGCONT. */
+  async freeze(ms: number): Promise<void> {
+    const child = this.#child;
+    if (!child || !this.running) return;
+    child.kill('SIGSTOP');
+    await new Promise((done) => setTimeout(done, ms));
+    child.kill('SIGCONT');
+  }
+
+  /** SIGTERM (a clean stop), then SIGKILL after 15 s. */
+  async stop(): Promise<void> {
+    const child = this.#child;
+    if (!child || !this.running) return;
+    const exited = new Promise((done) => child.once('exit', done));
+    this.#stopping = true;
+    child.kill('SIGCONT');
+    child.kill('SIGTERM');
+    const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+    await exited;
+    clearTimeout(timer);
+  }
+}

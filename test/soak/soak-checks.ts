@@ -1,0 +1,152 @@
+/**
+ * soak-checks - what the crash soak requires once the queues are empty: every message accepted by the
+ * sending MTA stored exactly once in each of its inboxes, its bytes the ones sent, nothing bounced or
+ * refused for good, each inbox's held bytes the sum of its messages, and no reservation left behind
+ * by a milter that was killed.
+ */
+import type pg from 'pg';
+import { type SoakMessage, soakMessage } from './soak-mail.ts';
+
+export interface SoakRun {
+  run: string;
+  seed: number;
+  inboxIds: string[];
+  /** The numbers of the messages the sending MTA took (250 at end of data). */
+  accepted: number[];
+}
+
+export interface CheckResult {
+  name: string;
+  ok: boolean;
+  detail: string;
+}
+
+const check = (name: string, ok: boolean, detail: string): CheckResult => ({ name, ok, detail });
+const bare = (id: string | null) => (id ?? '').replace(/^<|>$/g, '');
+const sample = (items: string[]) => items.slice(0, 5).join(', ') + (items.length > 5 ? ', ...' : '');
+
+export async function checkStorage(client: pg.Client, soak: SoakRun): Promise<CheckResult[]> {
+  const inboxCount = soak.inboxIds.length;
+  const message = (n: number): SoakMessage => soakMessage(soak.run, soak.seed, n, inboxCount);
+  const { rows } = await client.query<{ inbox_id: string; message_id: string; mid: string; size: number }>(
+    `SELECT inbox_id, message_id, internet_message_id AS mid, size_bytes::int AS size
+       FROM messages WHERE state = 'stored'`,
+  );
+  const stored = new Map<string, { inboxId: string; messageId: string; size: number }[]>();
+  for (const row of rows) {
+    const key = `${row.inbox_id} ${bare(row.mid)}`;
+    stored.set(key, [
+      ...(stored.get(key) ?? []),
+      { inboxId: row.inbox_id, messageId: row.message_id, size: row.size },
+    ]);
+  }
+  const missing: string[] = [];
+  const twice: string[] = [];
+  const wrongBytes: string[] = [];
+  const expected = new Set<string>();
+  for (const n of soak.accepted) {
+    const sent = message(n);
+    for (const index of sent.inboxes) {
+      const key = `${soak.inboxIds[index]} ${sent.messageId}`;
+      expected.add(key);
+      const copies = stored.get(key) ?? [];
+      if (copies.length === 0) missing.push(`${n} in inbox ${index}`);
+      if (copies.length > 1) twice.push(`${n} in inbox ${index} (${copies.length} copies)`);
+      for (const copy of copies) {
+        const { rows: chunks } = await client.query<{ data: Buffer }>(
+          'SELECT data FROM message_chunks WHERE inbox_id = $1 AND message_id = $2 ORDER BY seq',
+          [copy.inboxId, copy.messageId],
+        );
+        const raw = Buffer.concat(chunks.map((c) => c.data));
+        const tail = raw.subarray(Math.max(0, raw.length - sent.bytes.length));
+        if (raw.length !== copy.size || !tail.equals(sent.bytes)) {
+          wrongBytes.push(`${n} in inbox ${index} (${raw.length} bytes stored, size ${copy.size})`);
+        }
+      }
+    }
+  }
+  const unexpected = [...stored.keys()].filter((key) => !expected.has(key));
+  return [
+    check(
+      'every accepted message stored',
+      missing.length === 0,
+      `${expected.size} expected, missing ${missing.length}${missing.length ? `: ${sample(missing)}` : ''}`,
+    ),
+    check('none stored twice', twice.length === 0, twice.length ? sample(twice) : `${rows.length} rows`),
+    check(
+      'nothing stored that was not sent',
+      unexpected.length === 0,
+      unexpected.length ? sample(unexpected) : 'none',
+    ),
+    check(
+      'stored bytes end with the bytes sent',
+      wrongBytes.length === 0,
+      wrongBytes.length ? sample(wrongBytes) : 'all',
+    ),
+  ];
+}
+
+export async function checkAccounts(client: pg.Client): Promise<CheckResult[]> {
+  const { rows: held } = await client.query<{ inbox_id: string; held: number; sum: number }>(
+    `SELECT i.inbox_id, i.held_bytes::int8 AS held,
+            coalesce(sum(m.size_bytes) FILTER (WHERE m.state <> 'deleted'), 0)::int8 AS sum
+       FROM inboxes i LEFT JOIN messages m USING (inbox_id) GROUP BY i.inbox_id, i.held_bytes`,
+  );
+  const off = held
+    .filter((r) => Number(r.held) !== Number(r.sum))
+    .map((r) => `${r.inbox_id}: ${r.held} != ${r.sum}`);
+  const [rejected] = (
+    await client.query<{ n: number }>('SELECT coalesce(sum(rejection_count), 0)::int AS n FROM inboxes')
+  ).rows;
+  return [
+    check(
+      'held bytes are the sum of the messages',
+      off.length === 0,
+      off.length ? sample(off) : `${held.length} inboxes`,
+    ),
+    check('no rejection recorded', rejected?.n === 0, `${rejected?.n} rejections`),
+  ];
+}
+
+/** In-flight rows: those a milter owns (the sweep must release them) and those it could not name. */
+export async function inFlight(client: pg.Client): Promise<{ owned: number; unowned: number }> {
+  const { rows } = await client.query<{ owned: number; unowned: number }>(
+    `SELECT count(*) FILTER (WHERE reserved_by IS NOT NULL)::int AS owned,
+            count(*) FILTER (WHERE reserved_by IS NULL)::int AS unowned
+       FROM messages WHERE state = 'in_flight'`,
+  );
+  return rows[0] ?? { owned: 0, unowned: 0 };
+}
+
+/** What the two Postfix logs say: nothing bounced, expired or refused with a 5xx. */
+export function checkLogs(senderLog: string, mxLog: string): CheckResult[] {
+  const count = (log: string, pattern: RegExp) => log.match(pattern)?.length ?? 0;
+  const senderBounced = count(senderLog, /status=(bounced|expired)/g);
+  const refused5xx = count(senderLog, /said: 5\d\d /g);
+  const mxBounced = count(mxLog, /status=(bounced|expired)/g);
+  return [
+    check('the sender bounced nothing', senderBounced === 0, `${senderBounced} bounced or expired`),
+    check('no 5xx reply to the sender', refused5xx === 0, `${refused5xx} replies 5xx`),
+    check('our Postfix bounced nothing', mxBounced === 0, `${mxBounced} bounced or expired`),
+  ];
+}
+
+/** Each daemon's log: how many error lines, and the most frequent messages among them and the warnings. */
+export function summarizeLog(text: string): { errors: number; warnings: number; top: string[] } {
+  const counts = new Map<string, number>();
+  let errors = 0;
+  let warnings = 0;
+  for (const line of text.split('\n')) {
+    const level = /"level":"(error|warn)"/.exec(line)?.[1];
+    if (!level) continue;
+    if (level === 'error') errors++;
+    else warnings++;
+    const msg = `${level}: ${/"msg":"((?:[^"\\]|\\.)*)"/.exec(line)?.[1] ?? line.slice(0, 120)}`;
+    counts.set(msg, (counts.get(msg) ?? 0) + 1);
+  }
+  const top = [...counts]
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, 6)
+    .map(([msg, n]) => `${n} x ${msg}`);
+  return { errors, warnings, top };
+}
