@@ -35,11 +35,13 @@ import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
 import { freePorts, startSenderPostfix } from '../support/sender-postfix.ts';
 import { sendMail } from '../support/smtp-client.ts';
+import { Agent } from './agent.ts';
 import { type Chaos, seededRandom, startChaos } from './chaos.ts';
 import { Daemon } from './daemons.ts';
 import {
   type CheckResult,
   checkAccounts,
+  checkAgents,
   checkLogs,
   checkStorage,
   inFlight,
@@ -77,6 +79,7 @@ async function main(): Promise<number> {
     number,
     number,
   ];
+  const apiPort = (await freePorts(1))[0] as number;
   const env: Record<string, string> = {
     ENVIRONMENT: 'dev',
     DATABASE_URL: dbUrl,
@@ -89,18 +92,34 @@ async function main(): Promise<number> {
     MILTER_PORT: String(milterPort),
     LMTP_PORT: String(lmtpPort),
     SMTP_PORT: String(smtpPort),
+    API_PORT: String(apiPort),
+    PUBLIC_BASE_URL: `http://127.0.0.1:${apiPort}`,
+    METRICS_PORT: '0',
+    // The agents poll every 0.3 s and download everything: far above the contract's agent pace.
+    POLL_RATE_BURST: '1000',
+    POLL_RATE_PER_SECOND: '100',
+    DOWNLOAD_RATE_BURST: '1000',
+    DOWNLOAD_RATE_PER_SECOND: '100',
   };
   const config = loadConfig(env) as Config & { secretKey: string };
   const container = buildContainer(config, { log: () => {} });
   const inboxService = container.resolve<InboxService>(TOKENS.InboxService);
-  const inboxes: { inbox_id: string; address: string }[] = [];
+  const inboxes: { inbox_id: string; address: string; credentials: { reader: string } }[] = [];
   for (let i = 0; i < INBOXES; i++) inboxes.push((await inboxService.provision([])).body);
 
   const daemons = [
     new Daemon('policy', policyPort, env, baseDir),
     new Daemon('milter', milterPort, env, baseDir),
     new Daemon('lmtp', lmtpPort, env, baseDir),
+    new Daemon('api', apiPort, env, baseDir),
   ];
+  const sentBytes = (messageId: string) => {
+    const n = /^soak-[0-9a-z]+-(\d+)@allowed\.test$/.exec(messageId)?.[1];
+    return n === undefined ? undefined : soakMessage(run, SEED, Number(n), INBOXES).bytes;
+  };
+  const agents = inboxes.map(
+    (inbox) => new Agent(inbox.inbox_id, inbox.credentials.reader, `http://127.0.0.1:${apiPort}`, sentBytes),
+  );
   const mx = new PostfixInstance({
     baseDir: join(baseDir, 'mx'),
     render: (dirs) => renderPostfix(config, dirs, FAST_RETRY),
@@ -123,6 +142,7 @@ async function main(): Promise<number> {
     const senderPort = sender.port;
     log(`stack up in ${baseDir}; ${INBOXES} inboxes, ${RATE} messages/s for ${SECONDS} s with faults`);
 
+    for (const agent of agents) agent.start();
     const random = seededRandom(SEED);
     chaos = startChaos({
       daemons,
@@ -174,6 +194,8 @@ async function main(): Promise<number> {
       }
     }
     log(`both queues empty after ${((performance.now() - drainStart) / 1000).toFixed(1)} s`);
+    await Promise.all(agents.map((agent) => agent.stop()));
+    log('the agents have polled and downloaded everything');
 
     const client = new pg.Client({ connectionString: dbUrl });
     await client.connect();
@@ -196,6 +218,7 @@ async function main(): Promise<number> {
           accepted,
         })),
         ...(await checkAccounts(client)),
+        ...(await checkAgents(client, agents)),
         {
           name: 'no reservation left by a killed milter',
           ok: left.owned === 0,
@@ -219,6 +242,7 @@ async function main(): Promise<number> {
           `${daemon.name}: started ${daemon.starts} times, ${summary.errors} error and ${summary.warnings} warning lines`,
         );
         for (const line of summary.top) log(`  ${line}`);
+        if (summary.firstError) log(`  first error line: ${summary.firstError}`);
       }
       results.push({
         name: 'no daemon exited on its own',

@@ -1,6 +1,6 @@
 /**
- * daemons - our three mail daemons as child processes (`node src/main.ts policy|milter|lmtp`, the
- * production shape), which the crash soak kills, freezes and starts again.
+ * daemons - our mail daemons and the API as child processes (`node src/main.ts policy|milter|lmtp|api`,
+ * the production shape), which the crash soak kills, freezes and starts again.
  *
  * A start appends to the daemon's log file and resolves once the daemon accepts connections; a kill
  * is SIGKILL (no clean-up of any kind runs: what the OOM killer or a `docker kill` does), a freeze is
@@ -11,7 +11,7 @@ import { open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { waitListening } from '../bench/wait-listening.ts';
 
-export type DaemonName = 'policy' | 'milter' | 'lmtp';
+export type DaemonName = 'policy' | 'milter' | 'lmtp' | 'api';
 
 export class Daemon {
   readonly name: DaemonName;

@@ -5,6 +5,7 @@
  * by a milter that was killed.
  */
 import type pg from 'pg';
+import type { Agent } from './agent.ts';
 import { type SoakMessage, soakMessage } from './soak-mail.ts';
 
 export interface SoakRun {
@@ -131,16 +132,27 @@ export function checkLogs(senderLog: string, mxLog: string): CheckResult[] {
   ];
 }
 
-/** Each daemon's log: how many error lines, and the most frequent messages among them and the warnings. */
-export function summarizeLog(text: string): { errors: number; warnings: number; top: string[] } {
+/**
+ * Each daemon's log: how many error and warning lines, the most frequent messages among them, and the
+ * first error line whole (cut at 400 characters): what to look at when one is unexpected.
+ */
+export function summarizeLog(text: string): {
+  errors: number;
+  warnings: number;
+  top: string[];
+  firstError?: string;
+} {
   const counts = new Map<string, number>();
   let errors = 0;
   let warnings = 0;
+  let firstError: string | undefined;
   for (const line of text.split('\n')) {
     const level = /"level":"(error|warn)"/.exec(line)?.[1];
     if (!level) continue;
-    if (level === 'error') errors++;
-    else warnings++;
+    if (level === 'error') {
+      errors++;
+      firstError ??= line.slice(0, 400);
+    } else warnings++;
     const msg = `${level}: ${/"msg":"((?:[^"\\]|\\.)*)"/.exec(line)?.[1] ?? line.slice(0, 120)}`;
     counts.set(msg, (counts.get(msg) ?? 0) + 1);
   }
@@ -148,5 +160,46 @@ export function summarizeLog(text: string): { errors: number; warnings: number; 
     .sort((a, b) => b[1] - a[1])
     .slice(0, 6)
     .map(([msg, n]) => `${n} x ${msg}`);
-  return { errors, warnings, top };
+  return { errors, warnings, top, ...(firstError ? { firstError } : {}) };
+}
+
+/** What the agents saw through the API: every stored message listed once, downloaded, byte for byte. */
+export async function checkAgents(client: pg.Client, agents: Agent[]): Promise<CheckResult[]> {
+  const { rows } = await client.query<{ inbox_id: string; message_id: string }>(
+    `SELECT inbox_id, message_id FROM messages WHERE state = 'stored'`,
+  );
+  const byInbox = new Map(agents.map((agent) => [agent.inboxId, agent]));
+  const notListed = rows.filter((row) => !byInbox.get(row.inbox_id)?.listed.has(row.message_id));
+  const notDownloaded = rows.filter((row) => !byInbox.get(row.inbox_id)?.downloaded.has(row.message_id));
+  const twice: string[] = [];
+  for (const agent of agents) {
+    for (const [id, urls] of agent.listed) if (urls.size > 1) twice.push(`${id} by ${urls.size} cursors`);
+  }
+  const wrong = agents.flatMap((agent) => agent.wrongBytes);
+  const unexpected = agents.flatMap((agent) => agent.unexpected);
+  const sum = (of: (agent: Agent) => number) => agents.reduce((total, agent) => total + of(agent), 0);
+  const ids = (list: { message_id: string }[]) => sample(list.map((row) => row.message_id));
+  return [
+    check(
+      'polling listed every stored message',
+      notListed.length === 0,
+      notListed.length ? ids(notListed) : `${rows.length} listed`,
+    ),
+    check(
+      'no message listed from two cursor positions',
+      twice.length === 0,
+      twice.length ? sample(twice) : 'none',
+    ),
+    check(
+      'every stored message downloaded through the API',
+      notDownloaded.length === 0,
+      notDownloaded.length ? ids(notDownloaded) : 'all',
+    ),
+    check('downloads end with the bytes sent', wrong.length === 0, wrong.length ? sample(wrong) : 'all'),
+    check(
+      'no unexpected API answer',
+      unexpected.length === 0,
+      `${unexpected.length ? sample(unexpected) : 'none'} (${sum((a) => a.serverErrors)} 5xx and ${sum((a) => a.connectionErrors)} failed connections, repeated)`,
+    ),
+  ];
 }
