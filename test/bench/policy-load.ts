@@ -12,6 +12,7 @@
  */
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { seededRandom } from '../support/seeded-random.ts';
 
 export interface LoadConfig {
   host: string;
@@ -35,20 +36,8 @@ export interface LoadResult {
   actions: Record<string, number>;
 }
 
-/** A deterministic generator (mulberry32), so every run sends the same sequence. */
-function random(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 function requestMaker(connection: number, recipients: string[] | undefined): () => string {
-  const next = random(0x9e3779b9 ^ connection);
+  const next = seededRandom(0x9e3779b9 ^ connection);
   const pick = (n: number) => Math.floor(next() * n);
   let sequence = 0;
   return () => {

@@ -18,18 +18,6 @@
 import pg from 'pg';
 import type { Daemon } from './daemons.ts';
 
-/** A small seeded generator (mulberry32), so that a run's choices can be repeated with SOAK_SEED. */
-export function seededRandom(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 export interface Chaos {
   /** Faults injected so far, by kind. */
   readonly counts: Map<string, number>;

@@ -33,10 +33,11 @@ import { renderPostfix } from '../../src/postfix/render.ts';
 import { ADMIN_URL, recreateDatabase } from '../support/database.ts';
 import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
+import { seededRandom } from '../support/seeded-random.ts';
 import { freePorts, startSenderPostfix } from '../support/sender-postfix.ts';
 import { sendMail } from '../support/smtp-client.ts';
 import { Agent } from './agent.ts';
-import { type Chaos, seededRandom, startChaos } from './chaos.ts';
+import { type Chaos, startChaos } from './chaos.ts';
 import { Daemon } from './daemons.ts';
 import {
   type CheckResult,

@@ -25,6 +25,9 @@ export interface CheckResult {
 const check = (name: string, ok: boolean, detail: string): CheckResult => ({ name, ok, detail });
 const bare = (id: string | null) => (id ?? '').replace(/^<|>$/g, '');
 const sample = (items: string[]) => items.slice(0, 5).join(', ') + (items.length > 5 ? ', ...' : '');
+/** Passes when `failures` is empty (its detail is then `passed`), else names the first few. */
+const none = (name: string, failures: string[], passed: string): CheckResult =>
+  check(name, failures.length === 0, failures.length ? `${failures.length}: ${sample(failures)}` : passed);
 
 export async function checkStorage(client: pg.Client, soak: SoakRun): Promise<CheckResult[]> {
   const inboxCount = soak.inboxIds.length;
@@ -68,22 +71,10 @@ export async function checkStorage(client: pg.Client, soak: SoakRun): Promise<Ch
   }
   const unexpected = [...stored.keys()].filter((key) => !expected.has(key));
   return [
-    check(
-      'every accepted message stored',
-      missing.length === 0,
-      `${expected.size} expected, missing ${missing.length}${missing.length ? `: ${sample(missing)}` : ''}`,
-    ),
-    check('none stored twice', twice.length === 0, twice.length ? sample(twice) : `${rows.length} rows`),
-    check(
-      'nothing stored that was not sent',
-      unexpected.length === 0,
-      unexpected.length ? sample(unexpected) : 'none',
-    ),
-    check(
-      'stored bytes end with the bytes sent',
-      wrongBytes.length === 0,
-      wrongBytes.length ? sample(wrongBytes) : 'all',
-    ),
+    none('every accepted message stored', missing, `${expected.size} expected, all there`),
+    none('none stored twice', twice, `${rows.length} rows`),
+    none('nothing stored that was not sent', unexpected, 'none'),
+    none('stored bytes end with the bytes sent', wrongBytes, 'all'),
   ];
 }
 
@@ -100,11 +91,7 @@ export async function checkAccounts(client: pg.Client): Promise<CheckResult[]> {
     await client.query<{ n: number }>('SELECT coalesce(sum(rejection_count), 0)::int AS n FROM inboxes')
   ).rows;
   return [
-    check(
-      'held bytes are the sum of the messages',
-      off.length === 0,
-      off.length ? sample(off) : `${held.length} inboxes`,
-    ),
+    none('held bytes are the sum of the messages', off, `${held.length} inboxes`),
     check('no rejection recorded', rejected?.n === 0, `${rejected?.n} rejections`),
   ];
 }
@@ -178,24 +165,19 @@ export async function checkAgents(client: pg.Client, agents: Agent[]): Promise<C
   const wrong = agents.flatMap((agent) => agent.wrongBytes);
   const unexpected = agents.flatMap((agent) => agent.unexpected);
   const sum = (of: (agent: Agent) => number) => agents.reduce((total, agent) => total + of(agent), 0);
-  const ids = (list: { message_id: string }[]) => sample(list.map((row) => row.message_id));
   return [
-    check(
+    none(
       'polling listed every stored message',
-      notListed.length === 0,
-      notListed.length ? ids(notListed) : `${rows.length} listed`,
+      notListed.map((row) => row.message_id),
+      `${rows.length} listed`,
     ),
-    check(
-      'no message listed from two cursor positions',
-      twice.length === 0,
-      twice.length ? sample(twice) : 'none',
-    ),
-    check(
+    none('no message listed from two cursor positions', twice, 'none'),
+    none(
       'every stored message downloaded through the API',
-      notDownloaded.length === 0,
-      notDownloaded.length ? ids(notDownloaded) : 'all',
+      notDownloaded.map((row) => row.message_id),
+      'all',
     ),
-    check('downloads end with the bytes sent', wrong.length === 0, wrong.length ? sample(wrong) : 'all'),
+    none('downloads end with the bytes sent', wrong, 'all'),
     check(
       'no unexpected API answer',
       unexpected.length === 0,

@@ -7,7 +7,7 @@
  * have lines that start with a dot (dot-stuffing on every hop) and are all ASCII, so no hop rewrites
  * them: what was sent is the end of what is stored, after the headers the hops prepend.
  */
-import { seededRandom } from './chaos.ts';
+import { seededRandom } from '../support/seeded-random.ts';
 
 export interface SoakMessage {
   /** The Message-ID without angle brackets. */
