@@ -97,7 +97,7 @@ bench-mail: install database bench-tools
 
 ## soak: mail through the real stack for 90 s while its daemons are killed and frozen and PostgreSQL is
 ## cut off at random; then every accepted message must be stored once, byte for byte, nothing bounced
-## and nothing left reserved (test/soak/crash-soak.ts; SOAK_SECONDS, SOAK_RATE, SOAK_FAULTS, SOAK_SEED)
+## and nothing left reserved (test/soak/crash-soak.ts; SOAK_SECONDS, SOAK_RATE, SOAK_FAULTS, SOAK_QUOTA, SOAK_SEED)
 soak: install database mail-tools
 	$(NODE) test/soak/crash-soak.ts
 

@@ -14,6 +14,7 @@
  *
  *   node test/soak/crash-soak.ts   (make soak; SOAK_SECONDS 90, SOAK_RATE 30, SOAK_INBOXES 6,
  *                                   SOAK_FAULTS: only these kinds, e.g. "kill milter,database away";
+ *                                   SOAK_QUOTA: each inbox's quota in bytes, small for refusals;
  *                                   SOAK_SEED: a run's choices again)
  *
  * Prints the faults injected, what the sending MTA saw, and each check; exits 1 if one fails. The
@@ -35,7 +36,7 @@ import { testZone } from '../support/dns-zone.ts';
 import { startDnsmasq } from '../support/dnsmasq.ts';
 import { seededRandom } from '../support/seeded-random.ts';
 import { freePorts, startSenderPostfix } from '../support/sender-postfix.ts';
-import { sendMail } from '../support/smtp-client.ts';
+import { queuedAs, sendMail } from '../support/smtp-client.ts';
 import { Agent } from './agent.ts';
 import { type Chaos, startChaos } from './chaos.ts';
 import { Daemon } from './daemons.ts';
@@ -46,6 +47,7 @@ import {
   checkLogs,
   checkStorage,
   inFlight,
+  quotaRefusals,
   summarizeLog,
 } from './soak-checks.ts';
 import { soakMessage } from './soak-mail.ts';
@@ -60,6 +62,8 @@ const FAULTS = (process.env.SOAK_FAULTS ?? '')
   .map((kind) => kind.trim())
   .filter(Boolean);
 const SEED = Number(process.env.SOAK_SEED ?? Math.floor(Math.random() * 1e9));
+/** SOAK_QUOTA: each inbox's quota in bytes (default 10 GiB: nothing refused); small, refusals for quota. */
+const QUOTA = process.env.SOAK_QUOTA ? Number(process.env.SOAK_QUOTA) : undefined;
 const DRAIN_TIMEOUT_MS = 10 * 60_000;
 /** Our Postfix retries deferred mail every 2 s (production: queue_run_delay and backoff of minutes). */
 const FAST_RETRY = { queue_run_delay: '2s', minimal_backoff_time: '2s', maximal_backoff_time: '4s' };
@@ -88,7 +92,7 @@ async function main(): Promise<number> {
     MAIL_DOMAIN: 'svc.test',
     AUTHSERV_ID: 'mx.svc.test',
     DNS_SERVERS: dns.address,
-    QUOTA_BYTES: String(10 * 1024 ** 3),
+    QUOTA_BYTES: String(QUOTA ?? 10 * 1024 ** 3),
     POLICY_PORT: String(policyPort),
     MILTER_PORT: String(milterPort),
     LMTP_PORT: String(lmtpPort),
@@ -156,7 +160,7 @@ async function main(): Promise<number> {
     });
 
     // Hand messages to the sending MTA at RATE per second.
-    const accepted: number[] = [];
+    const accepted: { n: number; queueId: string }[] = [];
     const notTaken: string[] = [];
     const total = Math.round(SECONDS * RATE);
     const begin = performance.now();
@@ -173,7 +177,8 @@ async function main(): Promise<number> {
           message: message.bytes,
           localAddress: '127.0.0.1',
         });
-        if (replies.end?.code === 250) accepted.push(n);
+        const queueId = queuedAs(replies);
+        if (queueId) accepted.push({ n, queueId });
         else
           notTaken.push(`${n}: ${replies.end?.text ?? replies.rcpt.at(-1)?.text ?? replies.greeting.text}`);
       }
@@ -216,9 +221,11 @@ async function main(): Promise<number> {
           run,
           seed: SEED,
           inboxIds: inboxes.map((i) => i.inbox_id),
+          addresses: inboxes.map((i) => i.address),
           accepted,
+          refusedForQuota: quotaRefusals(senderLog),
         })),
-        ...(await checkAccounts(client)),
+        ...(await checkAccounts(client, QUOTA !== undefined)),
         ...(await checkAgents(client, agents)),
         {
           name: 'no reservation left by a killed milter',
@@ -230,7 +237,7 @@ async function main(): Promise<number> {
           ok: notTaken.length === 0,
           detail: notTaken.slice(0, 3).join('; ') || 'all',
         },
-        ...checkLogs(senderLog, mxLog),
+        ...checkLogs(senderLog, mxLog, QUOTA !== undefined),
       ];
       const deferred = (text: string) => text.match(/status=deferred/g)?.length ?? 0;
       log(

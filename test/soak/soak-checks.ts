@@ -12,8 +12,11 @@ export interface SoakRun {
   run: string;
   seed: number;
   inboxIds: string[];
-  /** The numbers of the messages the sending MTA took (250 at end of data). */
-  accepted: number[];
+  addresses: string[];
+  /** The messages the sending MTA took (250 at end of data), with its queue id. */
+  accepted: { n: number; queueId: string }[];
+  /** `queueId address` of each recipient the sending MTA bounced because our MX said the quota is used up. */
+  refusedForQuota: Set<string>;
 }
 
 export interface CheckResult {
@@ -46,14 +49,21 @@ export async function checkStorage(client: pg.Client, soak: SoakRun): Promise<Ch
   }
   const missing: string[] = [];
   const twice: string[] = [];
+  const storedAndRefused: string[] = [];
+  let refused = 0;
   const wrongBytes: string[] = [];
   const expected = new Set<string>();
-  for (const n of soak.accepted) {
+  for (const { n, queueId } of soak.accepted) {
     const sent = message(n);
     for (const index of sent.inboxes) {
       const key = `${soak.inboxIds[index]} ${sent.messageId}`;
-      expected.add(key);
       const copies = stored.get(key) ?? [];
+      if (soak.refusedForQuota.has(`${queueId} ${soak.addresses[index]}`)) {
+        refused++;
+        if (copies.length > 0) storedAndRefused.push(`${n} in inbox ${index}`);
+        continue;
+      }
+      expected.add(key);
       if (copies.length === 0) missing.push(`${n} in inbox ${index}`);
       if (copies.length > 1) twice.push(`${n} in inbox ${index} (${copies.length} copies)`);
       for (const copy of copies) {
@@ -71,14 +81,19 @@ export async function checkStorage(client: pg.Client, soak: SoakRun): Promise<Ch
   }
   const unexpected = [...stored.keys()].filter((key) => !expected.has(key));
   return [
-    none('every accepted message stored', missing, `${expected.size} expected, all there`),
+    none(
+      'every accepted message stored',
+      missing,
+      `${expected.size} expected, all there; ${refused} refused for quota`,
+    ),
+    none('nothing both stored and refused', storedAndRefused, 'none'),
     none('none stored twice', twice, `${rows.length} rows`),
     none('nothing stored that was not sent', unexpected, 'none'),
     none('stored bytes end with the bytes sent', wrongBytes, 'all'),
   ];
 }
 
-export async function checkAccounts(client: pg.Client): Promise<CheckResult[]> {
+export async function checkAccounts(client: pg.Client, quotaRefusals: boolean): Promise<CheckResult[]> {
   const { rows: held } = await client.query<{ inbox_id: string; held: number; sum: number }>(
     `SELECT i.inbox_id, i.held_bytes::int8 AS held,
             coalesce(sum(m.size_bytes) FILTER (WHERE m.state <> 'deleted'), 0)::int8 AS sum
@@ -87,12 +102,25 @@ export async function checkAccounts(client: pg.Client): Promise<CheckResult[]> {
   const off = held
     .filter((r) => Number(r.held) !== Number(r.sum))
     .map((r) => `${r.inbox_id}: ${r.held} != ${r.sum}`);
-  const [rejected] = (
-    await client.query<{ n: number }>('SELECT coalesce(sum(rejection_count), 0)::int AS n FROM inboxes')
-  ).rows;
+  const { rows: over } = await client.query<{ inbox_id: string; held: number; quota: number }>(
+    'SELECT inbox_id, held_bytes::int8 AS held, quota_bytes::int8 AS quota FROM inboxes WHERE held_bytes > quota_bytes',
+  );
+  const { rows: reasons } = await client.query<{ reason: string; n: number }>(
+    'SELECT reason, count(*)::int AS n FROM rejections GROUP BY reason',
+  );
+  const allowed = (reason: string) => quotaRefusals && reason === 'quota';
   return [
     none('held bytes are the sum of the messages', off, `${held.length} inboxes`),
-    check('no rejection recorded', rejected?.n === 0, `${rejected?.n} rejections`),
+    none(
+      'no inbox over its quota',
+      over.map((r) => `${r.inbox_id}: ${r.held} > ${r.quota}`),
+      `${held.length} inboxes`,
+    ),
+    none(
+      quotaRefusals ? 'no rejection but for quota' : 'no rejection recorded',
+      reasons.filter((r) => !allowed(r.reason)).map((r) => `${r.n} ${r.reason}`),
+      reasons.map((r) => `${r.n} ${r.reason}`).join(', ') || 'none',
+    ),
   ];
 }
 
@@ -106,16 +134,30 @@ export async function inFlight(client: pg.Client): Promise<{ owned: number; unow
   return rows[0] ?? { owned: 0, unowned: 0 };
 }
 
-/** What the two Postfix logs say: nothing bounced, expired or refused with a 5xx. */
-export function checkLogs(senderLog: string, mxLog: string): CheckResult[] {
-  const count = (log: string, pattern: RegExp) => log.match(pattern)?.length ?? 0;
-  const senderBounced = count(senderLog, /status=(bounced|expired)/g);
-  const refused5xx = count(senderLog, /said: 5\d\d /g);
-  const mxBounced = count(mxLog, /status=(bounced|expired)/g);
+const QUOTA_REPLY = /said: 555 5\.7\.1 .*: mailbox quota exceeded/;
+
+/** The recipients the sending MTA bounced on our quota refusal, as `queueId address`. */
+export function quotaRefusals(senderLog: string): Set<string> {
+  const refused = new Set<string>();
+  for (const line of senderLog.split('\n')) {
+    const bounce = /(\w+): to=<([^>]+)>.*status=bounced /.exec(line);
+    if (bounce && QUOTA_REPLY.test(line)) refused.add(`${bounce[1]} ${bounce[2]}`);
+  }
+  return refused;
+}
+
+/**
+ * What the two Postfix logs say: nothing bounced, expired or refused with a 5xx, but for our quota
+ * refusal when the soak's inboxes are small (`quotaRefusals`).
+ */
+export function checkLogs(senderLog: string, mxLog: string, quotaRefusals: boolean): CheckResult[] {
+  const lines = (log: string, pattern: RegExp) =>
+    log.split('\n').filter((line) => pattern.test(line) && !(quotaRefusals && QUOTA_REPLY.test(line)));
+  const but = quotaRefusals ? ' but for quota' : '';
   return [
-    check('the sender bounced nothing', senderBounced === 0, `${senderBounced} bounced or expired`),
-    check('no 5xx reply to the sender', refused5xx === 0, `${refused5xx} replies 5xx`),
-    check('our Postfix bounced nothing', mxBounced === 0, `${mxBounced} bounced or expired`),
+    none(`the sender bounced nothing${but}`, lines(senderLog, /status=(bounced|expired)/), 'none'),
+    none(`no 5xx reply to the sender${but}`, lines(senderLog, /said: 5\d\d /), 'none'),
+    none('our Postfix bounced nothing', lines(mxLog, /status=(bounced|expired)/), 'none'),
   ];
 }
 
