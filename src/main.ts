@@ -19,14 +19,12 @@
  * then the pool and the metrics server close and the process exits 0. Should that take more than the
  * grace plus 10 s, or a second signal come, the process exits 1 at once.
  */
-
 import type { DependencyContainer } from 'tsyringe';
 import { type Config, ConfigError, type Listen, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
 import { buildContainer, TOKENS } from './container.ts';
 import { applyHeapFlags } from './heap-flags.ts';
-import type { Log } from './log.ts';
-import { createLog } from './log.ts';
+import { createLog, type Log } from './log.ts';
 import type { Health } from './ops/health.ts';
 import type { Metrics } from './ops/metrics.ts';
 import { DEFAULT_METRICS_PORTS, startOpsServer } from './ops/ops-server.ts';

@@ -272,10 +272,10 @@ export class DeliveryService {
   }
 
   /**
-   * One inbox's store, given up (451) when it has not finished storeDeadlineMs after its body was all read: a
-   * database that stops answering without closing its connections (a hung server, a stalled disk)
-   * otherwise left the delivery unanswered and its slot taken for as long as it hung. The store itself
-   * may still finish later; Postfix's redelivery is then a duplicate.
+   * One inbox's store, given up (451) when it has not finished storeDeadlineMs after its body was all
+   * read: a database that stops answering without closing its connections (a hung server, a stalled
+   * disk) otherwise left the delivery unanswered and its slot taken for as long as it hung. The store
+   * itself may still finish later; Postfix's redelivery is then a duplicate.
    */
   #storeWithin(delivery: Parameters<MessageStore['store']>[0], body: AsyncIterable<Buffer>) {
     let timer: NodeJS.Timeout | undefined;

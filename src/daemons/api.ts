@@ -29,7 +29,6 @@ export interface ApiServer {
   close(): Promise<void>;
 }
 
-/** The API's HTTP server, not yet listening (the tests' harness serves the API through it too). */
 /**
  * How long a connection may make no progress at all (nothing read, nothing written) before the server
  * ends it: a client that stops reading a download held its pending MiB in memory for as long as it
@@ -38,6 +37,7 @@ export interface ApiServer {
  */
 export const STALL_TIMEOUT_MS = 120_000;
 
+/** The API's HTTP server, not yet listening (the tests' harness serves the API through it too). */
 export function createApiServer(services: HttpServices, stallTimeoutMs = STALL_TIMEOUT_MS): Server {
   // requireHostHeader off: the app answers a missing Host itself, with the contract's error body.
   const server = createServer({ requireHostHeader: false }, createApp(services).callback());

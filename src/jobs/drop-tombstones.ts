@@ -6,8 +6,8 @@
  * counts what it held at expires_at. A row also stays until Postfix can no longer deliver its queue file
  * (RESERVATION_TTL_SECONDS after its reservation, as release-reservations waits): it is the only record
  * of that (queue id, inbox) delivery, and a redelivery of a message whose 250 was lost (the receiver
- * died after its commit) found no row once it had gone, and was stored a second time, past the quota. Cascades any chunks a row still has (a copy recorded lost by a
- * download).
+ * died after its commit) found no row once it had gone, and was stored a second time, past the quota.
+ * Cascades any chunks a row still has (a copy recorded lost by a download).
  */
 import { cutoffs } from '../core/retention.ts';
 import { defineJob, type Job, type JobDeps } from './job.ts';
