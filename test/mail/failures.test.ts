@@ -20,9 +20,8 @@ import { once } from 'node:events';
 import { createServer, type Socket } from 'node:net';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
-import pg from 'pg';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
-import { ADMIN_URL } from '../support/database.ts';
+import { allowConnections, asAdmin, endSessions } from '../support/database-outage.ts';
 import { CLIENTS } from '../support/dns-zone.ts';
 import { MAIL_DOMAIN, type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
 import { queuedAs, type Reply, SmtpClient, type TransactionReplies } from '../support/smtp-client.ts';
@@ -32,31 +31,20 @@ before(async () => {
   s = await startMailStack({ env: { POLL_RATE_BURST: '100000' } });
 });
 after(async () => {
-  await allowConnections().catch(() => undefined);
+  await allowAgain().catch(() => undefined);
   await s?.close();
 });
 
-async function admin(sql: string, values: unknown[] = []): Promise<void> {
-  const client = new pg.Client({ connectionString: ADMIN_URL });
-  await client.connect();
-  try {
-    await client.query(sql, values);
-  } finally {
-    await client.end();
-  }
-}
-
 /** The test database refuses new connections and loses the ones it had. */
 async function refuseConnections(): Promise<void> {
-  await admin(`ALTER DATABASE ${s.database.name} WITH ALLOW_CONNECTIONS false`);
-  await admin(
-    'SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()',
-    [s.database.name],
-  );
+  await asAdmin(async (client) => {
+    await allowConnections(client, s.database.name, false);
+    await endSessions(client, s.database.name);
+  });
 }
 
-async function allowConnections(): Promise<void> {
-  if (s) await admin(`ALTER DATABASE ${s.database.name} WITH ALLOW_CONNECTIONS true`);
+async function allowAgain(): Promise<void> {
+  if (s) await asAdmin((client) => allowConnections(client, s.database.name, true));
 }
 
 const status = async (inbox: ProvisionedInbox) => {
@@ -239,7 +227,7 @@ test('Postgres unavailable: the milter answers 4xx at end of data, the receiver 
         ),
       );
     } finally {
-      await allowConnections();
+      await allowAgain();
     }
   } finally {
     await s.startDaemon('lmtp').catch(() => undefined);

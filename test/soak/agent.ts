@@ -9,6 +9,7 @@
  * download whose bytes do not end with the bytes sent.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
+import { bareMessageId } from './soak-mail.ts';
 
 interface Summary {
   message_id: string;
@@ -103,7 +104,7 @@ export class Agent {
         this.unexpected.push(`download ${message.message_id} ${response.status} ${bytes.toString()}`);
         return;
       }
-      const id = (message.internet_message_id ?? '').replace(/^<|>$/g, '');
+      const id = bareMessageId(message.internet_message_id);
       const sent = this.#sent(id);
       if (!sent || !bytes.subarray(Math.max(0, bytes.length - sent.length)).equals(sent)) {
         this.wrongBytes.push(`${message.message_id} (${id})`);

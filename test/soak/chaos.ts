@@ -15,7 +15,14 @@
  * Every fault is one the contract must survive without losing or bouncing a message: each leaves the
  * mail it hit to a temporary failure that the sending MTA retries.
  */
-import pg from 'pg';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type pg from 'pg';
+import {
+  allowConnections as allowConnectionsOf,
+  asAdmin,
+  endSessions as endSessionsOf,
+  sessionPids,
+} from '../support/database-outage.ts';
 import type { Daemon } from './daemons.ts';
 
 export interface Chaos {
@@ -24,8 +31,6 @@ export interface Chaos {
   /** Ends the loop after the fault in progress, and leaves every daemon running and the database open. */
   stop(): Promise<void>;
 }
-
-const sleep = (ms: number) => new Promise((done) => setTimeout(done, ms));
 
 export function startChaos(options: {
   daemons: Daemon[];
@@ -43,15 +48,7 @@ export function startChaos(options: {
   const counts = new Map<string, number>();
   let stopped = false;
 
-  const admin = async <T>(work: (client: pg.Client) => Promise<T>): Promise<T> => {
-    const client = new pg.Client({ connectionString: options.adminUrl });
-    await client.connect();
-    try {
-      return await work(client);
-    } finally {
-      await client.end();
-    }
-  };
+  const admin = <T>(work: (client: pg.Client) => Promise<T>) => asAdmin(work, options.adminUrl);
   /** After a crash the cluster restarts (about a second): wait until it takes connections again. */
   const waitForDatabase = async () => {
     for (let tries = 0; ; tries++) {
@@ -64,18 +61,8 @@ export function startChaos(options: {
       }
     }
   };
-  const endSessions = (client: pg.Client) =>
-    client.query(
-      'SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()',
-      [options.database],
-    );
-  const backends = async (client: pg.Client) =>
-    (
-      await client.query<{ pid: number }>(
-        'SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()',
-        [options.database],
-      )
-    ).rows.map((row) => row.pid);
+  const endSessions = (client: pg.Client) => endSessionsOf(client, options.database);
+  const backends = (client: pg.Client) => sessionPids(client, options.database);
   const signal = (pids: number[], name: NodeJS.Signals) => {
     for (const pid of pids) {
       try {
@@ -86,7 +73,7 @@ export function startChaos(options: {
     }
   };
   const allowConnections = (client: pg.Client, allow: boolean) =>
-    client.query(`ALTER DATABASE ${pg.escapeIdentifier(options.database)} ALLOW_CONNECTIONS ${allow}`);
+    allowConnectionsOf(client, options.database, allow);
 
   const every: { kind: string; run(): Promise<void> }[] = [
     ...daemons.map((daemon) => ({

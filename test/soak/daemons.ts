@@ -58,12 +58,7 @@ export class Daemon {
 
   /** SIGKILL, and waits until the process is gone. */
   async kill(): Promise<void> {
-    const child = this.#child;
-    if (!child || !this.running) return;
-    const exited = new Promise((done) => child.once('exit', done));
-    this.#stopping = true;
-    child.kill('SIGKILL');
-    await exited;
+    await this.#end((child) => child.kill('SIGKILL'));
   }
 
   /** SIGSTOP for `ms`, then SIGCONT. */
@@ -75,16 +70,24 @@ export class Daemon {
     child.kill('SIGCONT');
   }
 
-  /** SIGTERM (a clean stop), then SIGKILL after 15 s. */
+  /** SIGTERM (a clean stop, of a frozen process too), then SIGKILL after 15 s. */
   async stop(): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    await this.#end((child) => {
+      child.kill('SIGCONT');
+      child.kill('SIGTERM');
+      timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+    });
+    clearTimeout(timer);
+  }
+
+  /** Ends the running process with `signal` (an exit asked for: not a crash) and waits for its exit. */
+  async #end(signal: (child: ChildProcess) => void): Promise<void> {
     const child = this.#child;
     if (!child || !this.running) return;
     const exited = new Promise((done) => child.once('exit', done));
     this.#stopping = true;
-    child.kill('SIGCONT');
-    child.kill('SIGTERM');
-    const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+    signal(child);
     await exited;
-    clearTimeout(timer);
   }
 }

@@ -6,7 +6,7 @@
  */
 import type pg from 'pg';
 import type { Agent } from './agent.ts';
-import { type SoakMessage, soakMessage } from './soak-mail.ts';
+import { bareMessageId, type SoakMessage, soakMessage } from './soak-mail.ts';
 
 export interface SoakRun {
   run: string;
@@ -26,7 +26,6 @@ export interface CheckResult {
 }
 
 const check = (name: string, ok: boolean, detail: string): CheckResult => ({ name, ok, detail });
-const bare = (id: string | null) => (id ?? '').replace(/^<|>$/g, '');
 const sample = (items: string[]) => items.slice(0, 5).join(', ') + (items.length > 5 ? ', ...' : '');
 /** Passes when `failures` is empty (its detail is then `passed`), else names the first few. */
 const none = (name: string, failures: string[], passed: string): CheckResult =>
@@ -41,7 +40,7 @@ export async function checkStorage(client: pg.Client, soak: SoakRun): Promise<Ch
   );
   const stored = new Map<string, { inboxId: string; messageId: string; size: number }[]>();
   for (const row of rows) {
-    const key = `${row.inbox_id} ${bare(row.mid)}`;
+    const key = `${row.inbox_id} ${bareMessageId(row.mid)}`;
     stored.set(key, [
       ...(stored.get(key) ?? []),
       { inboxId: row.inbox_id, messageId: row.message_id, size: row.size },

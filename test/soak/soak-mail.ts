@@ -17,6 +17,9 @@ export interface SoakMessage {
   bytes: Buffer;
 }
 
+/** A Message-ID as the summary and the API give it (`<...>`), without its angle brackets. */
+export const bareMessageId = (id: string | null): string => (id ?? '').replace(/^<|>$/g, '');
+
 const LETTERS = 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,-';
 
 export function soakMessage(run: string, seed: number, n: number, inboxCount: number): SoakMessage {
