@@ -12,11 +12,10 @@
  */
 import { type ChildProcess, fork } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import pg from 'pg';
 import { newInboxId } from '../../src/core/ids.ts';
 import { HEAP_FLAGS } from '../../src/heap-flags.ts';
 import { LmtpClient } from '../lmtp/lmtp-client.ts';
-import { recreateDatabase } from '../support/database.ts';
+import { asAdmin, recreateDatabase } from '../support/database.ts';
 
 const MESSAGES = Number(process.env.BENCH_MESSAGES ?? 10);
 const MESSAGE_BYTES = Number(process.env.BENCH_MESSAGE_BYTES ?? 25 * 1024 * 1024);
@@ -98,16 +97,6 @@ async function runReceiver(): Promise<void> {
 
 // ---- the sender (this process) --------------------------------------------------------------------
 
-async function admin<T>(url: string, fn: (client: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: url });
-  await client.connect();
-  try {
-    return await fn(client);
-  } finally {
-    await client.end();
-  }
-}
-
 /** A message of exactly `bytes` bytes, yielded in PIECE_BYTES pieces of 78-character CRLF lines. */
 function* message(index: number, bytes: number, hash: ReturnType<typeof createHash>): Generator<Buffer> {
   const head = Buffer.from(
@@ -147,12 +136,14 @@ const mib = (bytes: number) => (bytes / MiB).toFixed(1);
 async function main(): Promise<void> {
   await recreateDatabase(DB_NAME, ADMIN_URL);
   const inboxes = Array.from({ length: MESSAGES + 1 }, () => newInboxId());
-  await admin(dbUrl, (client) =>
-    client.query(
-      `INSERT INTO inboxes (inbox_id, created_at, expires_at, quota_bytes)
+  await asAdmin(
+    (client) =>
+      client.query(
+        `INSERT INTO inboxes (inbox_id, created_at, expires_at, quota_bytes)
        SELECT id, now(), now() + interval '1 hour', 104857600 FROM unnest($1::text[]) AS id`,
-      [inboxes],
-    ),
+        [inboxes],
+      ),
+    dbUrl,
   );
 
   const child: ChildProcess = fork(new URL(import.meta.url).pathname, ['--receiver'], {
@@ -197,14 +188,16 @@ async function main(): Promise<void> {
   const report = await next('report');
   await new Promise((resolve) => child.once('exit', resolve));
 
-  const stored = await admin(dbUrl, (client) =>
-    client.query<{ inbox_id: string; size_bytes: number; sha256: Buffer }>(
-      // The digest of the stored chunks, in order: what a download would serve.
-      `SELECT m.inbox_id, m.size_bytes::int8::float8 AS size_bytes,
+  const stored = await asAdmin(
+    (client) =>
+      client.query<{ inbox_id: string; size_bytes: number; sha256: Buffer }>(
+        // The digest of the stored chunks, in order: what a download would serve.
+        `SELECT m.inbox_id, m.size_bytes::int8::float8 AS size_bytes,
          sha256(string_agg(c.data, ''::bytea ORDER BY c.seq)) AS sha256
        FROM messages m JOIN message_chunks c USING (inbox_id, message_id)
        WHERE m.state = 'stored' GROUP BY m.inbox_id, m.message_id`,
-    ),
+      ),
+    dbUrl,
   );
   const byInbox = new Map(stored.rows.map((r) => [r.inbox_id, r]));
   const intact = results.filter((r, i) => {
@@ -231,7 +224,7 @@ async function main(): Promise<void> {
       '',
     ].join('\n'),
   );
-  await admin(ADMIN_URL, (client) => client.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`));
+  await asAdmin((client) => client.query(`DROP DATABASE IF EXISTS ${DB_NAME} WITH (FORCE)`));
   if (intact !== MESSAGES) process.exitCode = 1;
 }
 

@@ -17,9 +17,9 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type pg from 'pg';
+import { asAdmin } from '../support/database.ts';
 import {
   allowConnections as allowConnectionsOf,
-  asAdmin,
   endSessions as endSessionsOf,
   sessionPids,
 } from '../support/database-outage.ts';

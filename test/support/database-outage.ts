@@ -4,18 +4,6 @@
  * are ended by the server, as in a failover or a restart; the rest of the cluster is untouched.
  */
 import pg from 'pg';
-import { ADMIN_URL } from './database.ts';
-
-/** Runs `work` on a fresh admin connection, closed afterwards. */
-export async function asAdmin<T>(work: (client: pg.Client) => Promise<T>, adminUrl = ADMIN_URL): Promise<T> {
-  const client = new pg.Client({ connectionString: adminUrl });
-  await client.connect();
-  try {
-    return await work(client);
-  } finally {
-    await client.end();
-  }
-}
 
 const SESSIONS = 'FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()';
 

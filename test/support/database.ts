@@ -23,8 +23,9 @@ export function databaseUrl(name: string, adminUrl = ADMIN_URL): string {
   return url.toString();
 }
 
-async function admin<T>(fn: (client: pg.Client) => Promise<T>, adminUrl = ADMIN_URL): Promise<T> {
-  const client = new pg.Client({ connectionString: adminUrl });
+/** Runs `fn` on a fresh connection to `url` (the admin database by default), closed afterwards. */
+export async function asAdmin<T>(fn: (client: pg.Client) => Promise<T>, url = ADMIN_URL): Promise<T> {
+  const client = new pg.Client({ connectionString: url });
   await client.connect();
   try {
     return await fn(client);
@@ -38,7 +39,7 @@ async function admin<T>(fn: (client: pg.Client) => Promise<T>, adminUrl = ADMIN_
  * URL. This run's template (once, before the test files) and each benchmark's scratch database.
  */
 export async function recreateDatabase(name: string, adminUrl = ADMIN_URL): Promise<string> {
-  await admin(async (client) => {
+  await asAdmin(async (client) => {
     await client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
     await client.query(`CREATE DATABASE ${name}`);
   }, adminUrl);
@@ -48,7 +49,7 @@ export async function recreateDatabase(name: string, adminUrl = ADMIN_URL): Prom
 }
 
 export async function dropDatabase(name: string): Promise<void> {
-  await admin((client) => client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`));
+  await asAdmin((client) => client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`));
 }
 
 export interface TestDatabase {
@@ -60,11 +61,11 @@ export interface TestDatabase {
 /** A new database cloned from the migrated template. */
 export async function freshDatabase(): Promise<TestDatabase> {
   const name = `inbox_test_${randomBytes(6).toString('hex')}`;
-  await admin((client) => client.query(`CREATE DATABASE ${name} TEMPLATE ${template()}`));
+  await asAdmin((client) => client.query(`CREATE DATABASE ${name} TEMPLATE ${template()}`));
   return {
     name,
     url: databaseUrl(name),
     drop: () =>
-      admin((client) => client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)).then(() => undefined),
+      asAdmin((client) => client.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)).then(() => undefined),
   };
 }
