@@ -7,6 +7,7 @@ import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { maintenanceTarget } from '../src/cli/maintenance-target.ts';
 import { TOKENS } from '../src/container.ts';
 import { INBOX_ID, OWNER_CREDENTIAL, READER_CREDENTIAL } from '../src/core/ids.ts';
 import type { ProvisionedInbox } from '../src/core/inbox-service.ts';
@@ -316,4 +317,24 @@ test('ensure-database creates the database DATABASE_URL names, once; a malformed
   assert.equal(bad.code, 78);
   assert.match(bad.stderr, /configuration error: DATABASE_URL: is not a valid URL/);
   assert.doesNotMatch(bad.stderr, /pa#ss/);
+});
+
+test('ensure-database reads every DATABASE_URL form the README lists: the database, and the same server for postgres', () => {
+  const forms: [string, Record<string, unknown>][] = [
+    [
+      'postgres://u:p%23w@db.example:6543/inbox',
+      { host: 'db.example', port: 6543, user: 'u', password: 'p#w' },
+    ],
+    ['socket:/var/run/postgresql?db=inbox&user=u', { host: '/var/run/postgresql', user: 'u' }],
+    ['postgres://u@/inbox?host=/var/run/postgresql', { host: '/var/run/postgresql', user: 'u' }],
+    ['/var/run/postgresql inbox', { host: '/var/run/postgresql' }],
+  ];
+  for (const [url, server] of forms) {
+    const { name, maintenance } = maintenanceTarget(url);
+    assert.equal(name, 'inbox', url);
+    assert.equal(maintenance.database, 'postgres', url);
+    for (const [key, value] of Object.entries(server))
+      assert.equal(maintenance[key as keyof typeof maintenance], value, `${url}: ${key}`);
+  }
+  assert.equal(maintenanceTarget('postgres://u@db.example').name, undefined);
 });

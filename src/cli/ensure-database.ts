@@ -4,18 +4,15 @@
  */
 import pg from 'pg';
 import { ConfigError, loadConfig } from '../config/config.ts';
+import { maintenanceTarget } from './maintenance-target.ts';
 
 async function main(): Promise<void> {
-  const configured = loadConfig().databaseUrl;
-  const url = URL.canParse(configured) ? new URL(configured) : undefined;
-  if (!url?.pathname.slice(1)) {
-    process.stderr.write('ensure-database: DATABASE_URL names no database in a URL path; not creating one\n');
+  const { name, maintenance } = maintenanceTarget(loadConfig().databaseUrl);
+  if (!name) {
+    process.stderr.write('ensure-database: DATABASE_URL names no database; not creating one\n');
     return;
   }
-  const name = decodeURIComponent(url.pathname.slice(1));
-  const maintenance = new URL(url);
-  maintenance.pathname = '/postgres';
-  const client = new pg.Client({ connectionString: maintenance.toString() });
+  const client = new pg.Client(maintenance);
   await client.connect();
   try {
     const exists = await client.query('SELECT 1 FROM pg_database WHERE datname = $1', [name]);
