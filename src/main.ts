@@ -19,6 +19,7 @@
  * then the pool and the metrics server close and the process exits 0. Should that take more than the
  * grace plus 10 s, or a second signal come, the process exits 1 at once.
  */
+import { dirname } from 'node:path';
 import type { DependencyContainer } from 'tsyringe';
 import { type Config, ConfigError, type Listen, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
@@ -170,6 +171,15 @@ async function main(argv: string[]): Promise<void> {
       const postfix = PostfixInstance.forService({ ...config, ...bound });
       await postfix.stop(); // a master left running by a previous run that was killed
       await postfix.prepare();
+      if (postfix.moved) {
+        log({
+          level: 'warn',
+          msg: 'Postfix lives outside RUN_DIR',
+          postfix_dir: dirname(postfix.dirs.queueDirectory),
+          linked_from: postfix.moved.from,
+          because: postfix.moved.because,
+        });
+      }
       const following = followMaillog(postfix.dirs.maillogFile, logOf('postfix'));
       // Registered before it starts: a start that fails part way stops what it started.
       running.push({

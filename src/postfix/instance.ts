@@ -17,6 +17,7 @@ import { connect } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config/config.ts';
+import { linkTo, postfixBase } from './base-dir.ts';
 import { type PostfixDirs, type PostfixFiles, renderPostfix } from './render.ts';
 
 export const POSTFIX_COMMAND = '/usr/sbin/postfix';
@@ -59,6 +60,8 @@ export interface QueueEntry {
 
 export interface PostfixInstanceOptions {
   baseDir: string;
+  /** baseDir is not `<RUN_DIR>/postfix` (base-dir.ts): prepare() makes `from` a link to it. */
+  moved?: { from: string; because: string };
   /** Makes main.cf and master.cf for this instance's directories. */
   render(dirs: PostfixDirs): PostfixFiles;
   /** Where smtpd listens; start() waits for its greeting. */
@@ -164,12 +167,23 @@ async function searchableByOthers(directory: string): Promise<void> {
 export class PostfixInstance {
   readonly dirs: PostfixDirs;
   readonly smtp: { host: string; port: number };
+  /** Where `<RUN_DIR>/postfix` went instead, and why (forService only). */
+  readonly moved?: { from: string; because: string };
   readonly #render: (dirs: PostfixDirs) => PostfixFiles;
 
-  /** The receiving MX of this service, under `<RUN_DIR>/postfix`. */
-  static forService(config: Config, overrides: Record<string, string> = {}): PostfixInstance {
+  /**
+   * The receiving MX of this service, under `<RUN_DIR>/postfix`, or where base-dir.ts moves it when
+   * the postfix user could not reach that.
+   */
+  static forService(
+    config: Config,
+    overrides: Record<string, string> = {},
+    fallbackRoot?: string,
+  ): PostfixInstance {
+    const base = postfixBase(config.runDir, fallbackRoot);
     return new PostfixInstance({
-      baseDir: join(config.runDir, 'postfix'),
+      baseDir: base.dir,
+      moved: base.moved,
       render: (dirs) => renderPostfix(config, dirs, overrides),
       smtp: {
         host: ['', '*', '0.0.0.0', '::'].includes(config.smtpHost) ? '127.0.0.1' : config.smtpHost,
@@ -181,6 +195,7 @@ export class PostfixInstance {
   constructor(options: PostfixInstanceOptions) {
     this.dirs = postfixDirs(options.baseDir);
     this.smtp = options.smtp;
+    this.moved = options.moved;
     this.#render = options.render;
   }
 
@@ -197,6 +212,7 @@ export class PostfixInstance {
     await mkdir(this.dirs.queueDirectory, { recursive: true, mode: 0o755 });
     await chmod(dirname(this.dirs.queueDirectory), 0o755);
     await searchableByOthers(dirname(this.dirs.queueDirectory));
+    if (this.moved) await linkTo(this.moved.from, dirname(this.dirs.queueDirectory));
     await writeConfigFile(join(this.dirs.configDirectory, 'main.cf'), files.mainCf);
     await writeConfigFile(join(this.dirs.configDirectory, 'master.cf'), files.masterCf);
     await this.#postfix(['check']);
