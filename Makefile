@@ -35,9 +35,12 @@ node_modules/.installed: package.json package-lock.json
 	@$(NODE) --version | grep -q '^v24\.' || { echo "node_modules/.bin/node is not Node 24"; exit 1; }
 	@touch $@
 
-## postgres: start the local PostgreSQL cluster if it is stopped (skipped when DATABASE_URL is set)
+## postgres: start the local PostgreSQL cluster if it is stopped (skipped when the server to use is
+## named: DATABASE_URL for the service, TEST_DATABASE_ADMIN_URL for the tests)
+SERVER_URL_VARIABLE = DATABASE_URL
+test: SERVER_URL_VARIABLE = TEST_DATABASE_ADMIN_URL
 postgres:
-	@if [ -n "$$DATABASE_URL" ]; then exit 0; fi; \
+	@if [ -n "$($(SERVER_URL_VARIABLE))" ]; then exit 0; fi; \
 	if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then exit 0; fi; \
 	if ! command -v pg_ctlcluster >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -47,7 +50,7 @@ postgres:
 	    sed -i '1i host all postgres 127.0.0.1/32 trust  # added by the inbox service'"'"'s make: dev only' "$$hba"; \
 	    echo "dev: $$hba lets postgres in on 127.0.0.1 without a password (the default DATABASE_URL)"; \
 	  else \
-	    echo "PostgreSQL is not running on 127.0.0.1:5432: install it (apt-get install postgresql) or set DATABASE_URL"; exit 1; \
+	    echo "PostgreSQL is not running on 127.0.0.1:5432: install it (apt-get install postgresql) or set $(SERVER_URL_VARIABLE)"; exit 1; \
 	  fi; \
 	fi; \
 	version=$$(ls /etc/postgresql | sort -V | tail -1); \
