@@ -9,6 +9,7 @@
  * inbox at RCPT and at end of data, and `envelope_from` is the same string on a message and on every
  * rejection of its sender (contract section 2).
  */
+import { domainToASCII } from 'node:url';
 import { INBOX_ID } from './ids.ts';
 
 /** The inbox id an address names, or null: the domain must be MAIL_DOMAIN (any case), the local part an inbox id. */
@@ -19,11 +20,17 @@ export function inboxIdOf(address: string, mailDomain: string): string | null {
   return INBOX_ID.test(local) ? local : null;
 }
 
-/** The domain of an address (plainDomain), or null for the null sender or no domain. */
+/**
+ * The domain of an address (plainDomain), in A-labels, or null for the null sender or no domain. An
+ * SMTPUTF8 client may write the envelope sender's domain in Unicode (`x@bücher.example`), which Postfix
+ * hands on as sent; the lists hold `xn--` names only, so until 2026-11-25 such a sender got past the
+ * opt-outs. A name IDNA cannot convert is kept as written.
+ */
 export function domainOf(address: string): string | null {
   const at = address.lastIndexOf('@');
   if (at < 0 || at === address.length - 1) return null;
-  return plainDomain(address.slice(at + 1)) || null;
+  const domain = address.slice(at + 1);
+  return plainDomain(/\P{ASCII}/u.test(domain) ? domainToASCII(domain) || domain : domain) || null;
 }
 
 /**

@@ -81,6 +81,10 @@ test('a domain is compared as the lists hold it: lowercased, every trailing dot 
   assert.equal(domainOf('news@'), null);
   assert.equal(domainOf('news@.'), null);
   assert.equal(domainOf(''), null);
+  // An SMTPUTF8 sender's Unicode domain becomes the xn-- name the lists hold.
+  assert.equal(domainOf('x@Bücher.OptOut.Test.'), 'xn--bcher-kva.optout.test');
+  assert.equal(domainOf('x@bücher.test'), 'xn--bcher-kva.test');
+  assert.equal(domainOf('x@exämple .test'), 'exämple .test');
   assert.ok(domainsAlign('mail.allowed.test', 'allowed.test'));
   assert.ok(domainsAlign('allowed.test', 'news.allowed.test'));
   assert.ok(!domainsAlign('mail.allowed.test', 'news.allowed.test'));

@@ -268,6 +268,28 @@ test('an envelope sender whose domain opted out is refused at RCPT and recorded 
   ]);
 });
 
+test('an SMTPUTF8 envelope sender whose domain, written in Unicode, opted out (as its xn-- name) is refused at RCPT', async () => {
+  await s.optOuts.add('xn--bcher-kva.test', s.clock.now());
+  const inbox = await s.provision();
+  const at = iso(s.clock.now());
+  const replies = await s.send({
+    from: 'news@bücher.test',
+    to: [inbox.address],
+    mailParams: 'SMTPUTF8',
+    message: plainMessage({ to: inbox.address, from: 'news@lax.test' }),
+  });
+  assertRefusedAtRcpt(replies, [atRcpt(inbox.address, '555 5.7.1 svc.test: sender domain opted out')]);
+  await assertRecorded(inbox, [
+    {
+      at,
+      envelope_from: 'news@bücher.test',
+      reason: 'sender_opted_out',
+      sender_domain: 'xn--bcher-kva.test',
+      size_bytes: 0,
+    },
+  ]);
+});
+
 test('a declared SIZE= larger than the free quota is refused at RCPT with 555 5.7.1 mailbox quota exceeded and recorded as quota', async () => {
   const inbox = await s.provision();
   const at = iso(s.clock.now());
