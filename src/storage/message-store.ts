@@ -352,11 +352,15 @@ export class PgMessageStore implements MessageStore {
         [input.inboxId],
       );
       if (!counted.rowCount) return 'counted';
+      // A retry is the held event's only when its decision was about the same domain: a first attempt
+      // that did not authenticate (a DNS failure, `sender_domain` null) and a retry that authenticated
+      // as other.test are two events, or the agent would never learn the domain to add.
       const held = await client.query<{ held: number; same: number }>(
         `SELECT count(*)::int AS held,
-                count(*) FILTER (WHERE reason = $3 AND internet_message_id = $4)::int AS same
+                count(*) FILTER (WHERE reason = $3 AND internet_message_id = $4
+                                   AND sender_domain IS NOT DISTINCT FROM $5)::int AS same
          FROM rejections WHERE inbox_id = $1 AND (listed_at IS NULL OR listed_at > $2)`,
-        [input.inboxId, heldListedAfter, input.reason, input.internetMessageId],
+        [input.inboxId, heldListedAfter, input.reason, input.internetMessageId, input.senderDomain],
       );
       const { held: heldCount = 0, same = 0 } = held.rows[0] ?? {};
       const retry = input.reason === 'sender_not_allowed' && input.internetMessageId !== null && same > 0;

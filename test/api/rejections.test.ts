@@ -136,6 +136,22 @@ test('retries of one sender_not_allowed message are one event, but every attempt
   assert.deepEqual(next.rejections, []);
   assert.equal(next.inbox.rejection_count, 3);
 
+  // The same message authenticated as another domain (a retry after a DNS failure left the first
+  // unauthenticated, say) is another event: the agent learns the domain to add.
+  await h.reject(inbox.inbox_id, {
+    reason: 'sender_not_allowed',
+    envelopeFrom: 'list@other.example',
+    senderDomain: null,
+    sizeBytes: 900,
+    internetMessageId: '<retry-1@other.example>',
+  });
+  const unauthenticated = await poll(inbox, `?cursor=${next.next_cursor}`);
+  assert.deepEqual(
+    unauthenticated.rejections.map((r: { sender_domain: string | null }) => r.sender_domain),
+    [null],
+  );
+  assert.equal(await attempt(), 'counted');
+
   // Another message from the same sender is another event.
   await h.reject(inbox.inbox_id, {
     reason: 'sender_not_allowed',
@@ -144,12 +160,12 @@ test('retries of one sender_not_allowed message are one event, but every attempt
     sizeBytes: 901,
     internetMessageId: '<retry-2@other.example>',
   });
-  const third = await poll(inbox, `?cursor=${next.next_cursor}`);
+  const third = await poll(inbox, `?cursor=${unauthenticated.next_cursor}`);
   assert.deepEqual(
     third.rejections.map((r: { size_bytes: number }) => r.size_bytes),
     [901],
   );
-  assert.equal(third.inbox.rejection_count, 4);
+  assert.equal(third.inbox.rejection_count, 6);
 });
 
 test('a Message-ID of any length is recorded and compared (no index entry size limit): 16 KB of random text', async () => {
