@@ -304,7 +304,10 @@ export interface AuthVerdict {
    * library cannot read as a reader would: refused as failing DMARC, after the opt-out check.
    */
   unverifiableAuthor?: boolean;
-  /** An SPF or DKIM check that could have aligned with `From:` failed on DNS (`temperror`). */
+  /**
+   * DMARC failed under p=reject and a DNS failure may be why: for the `From:` domain (for each failing
+   * one, with several authors), an SPF or DKIM check that could have aligned with it was `temperror`.
+   */
   lookupFailed?: boolean;
   dmarc: { result: string; policy: string | null };
   /** A DKIM signature aligned with `From:` passed. */

@@ -54,9 +54,12 @@ export class MailauthAuthenticator implements Authenticator {
    * every candidate of an address with several `@`, as a mail client might show either): until
    * 2026-11-25 our own parsing missed both, and `ceo@strict.test@lax.test` got past `p=reject`.
    */
-  async #eachAuthor(
-    result: AuthenticateResult,
-  ): Promise<{ domains: string[]; dmarc: AuthVerdict['dmarc']; unverifiable?: boolean }> {
+  async #eachAuthor(result: AuthenticateResult): Promise<{
+    domains: string[];
+    dmarc: AuthVerdict['dmarc'];
+    unverifiable?: boolean;
+    rejecting?: string[];
+  }> {
     const [{ dmarc }, { getAuthorDomain }] = await Promise.all([
       import('mailauth/lib/dmarc/index.js'),
       import('mailauth/lib/dmarc/author-domain.js'),
@@ -81,10 +84,12 @@ export class MailauthAuthenticator implements Authenticator {
         }),
       ),
     );
-    const results = evaluated.flatMap((v) => (v ? [v] : []));
-    if (results.some((v) => v.status.result === 'fail' && enforcedPolicy(v) === 'reject'))
-      return { domains, dmarc: { result: 'fail', policy: 'reject' } };
-    const temperror = results.some((v) => v.status.result === 'temperror');
+    const rejecting = domains.filter((_, i) => {
+      const v = evaluated[i];
+      return v && v.status.result === 'fail' && enforcedPolicy(v) === 'reject';
+    });
+    if (rejecting.length > 0) return { domains, dmarc: { result: 'fail', policy: 'reject' }, rejecting };
+    const temperror = evaluated.some((v) => v && v.status.result === 'temperror');
     return {
       domains,
       dmarc: temperror ? { result: 'temperror', policy: null } : { result: 'none', policy: null },
@@ -110,11 +115,19 @@ export class MailauthAuthenticator implements Authenticator {
       ? await this.#eachAuthor(result)
       : undefined;
     const fromDomain = plainDomain(dmarc?.status.header?.from ?? '') || null;
-    const couldAlign = (domain: string | undefined) =>
-      !!domain && !!fromDomain && domainsAlign(plainDomain(domain), fromDomain);
+    // A failure under p=reject is for now (451) when a failed lookup may explain it: for the From:
+    // domain, or with several authors for every one that failed (until 2026-11-25, with several, never,
+    // and a DNS failure behind it was a 550, a bounce; one that failed on its own is still a 550).
+    const failing = several ? (several.rejecting ?? []).map(plainDomain) : fromDomain ? [fromDomain] : [];
+    const failedLookups = [
+      ...(result.spf && result.spf.status.result === 'temperror' ? [result.spf.domain] : []),
+      ...(result.dkim.results ?? [])
+        .filter((r) => r.status.result === 'temperror')
+        .map((r) => r.signingDomain),
+    ].flatMap((domain) => (domain ? [plainDomain(domain)] : []));
     const lookupFailed =
-      (result.spf && result.spf.status.result === 'temperror' && couldAlign(result.spf.domain)) ||
-      (result.dkim.results ?? []).some((r) => r.status.result === 'temperror' && couldAlign(r.signingDomain));
+      failing.length > 0 &&
+      failing.every((author) => failedLookups.some((domain) => domainsAlign(domain, author)));
     return {
       ...(lookupFailed && { lookupFailed: true }),
       // Without trailing dots (`allowed.test.` is allowed.test): the lists it is checked against

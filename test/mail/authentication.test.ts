@@ -454,3 +454,25 @@ test('a DMARC failure under p=reject that a failed DNS lookup may have caused (t
   const unsigned = await s.send({ from: 'x@lax.test', to: [inbox.address], message });
   assert.equal(unsigned.end?.text, '550 5.7.1 DMARC checks failed');
 });
+
+test('with several From: domains, a p=reject failure that a failed lookup for that domain may have caused is a 451 too; another domain failing is a 550', async () => {
+  const inbox = await s.provision();
+  const sign = async (message: Buffer) => {
+    const signer = { signingDomain: 'flaky.example', selector: DKIM_SELECTOR, privateKey: flakyKey };
+    const signed = await dkimSign(message, {
+      ...signer,
+      canonicalization: 'relaxed/relaxed',
+      algorithm: 'rsa-sha256',
+      signatureData: [signer],
+    });
+    assert.deepEqual(signed.errors, []);
+    return Buffer.concat([Buffer.from(signed.signatures), message]);
+  };
+  const flaky = await sign(plainMessage({ to: inbox.address, from: 'ceo@flaky.example, x@lax.test' }));
+  const replies = await s.send({ from: 'x@lax.test', to: [inbox.address], message: flaky });
+  assert.equal(replies.end?.text, '451 4.7.1 DMARC checks could not be completed, try again later');
+  // strict.test fails with no failed lookup of its own: the flaky signature does not excuse it.
+  const strict = await sign(plainMessage({ to: inbox.address, from: 'ceo@strict.test, x@flaky.example' }));
+  const refused = await s.send({ from: 'x@lax.test', to: [inbox.address], message: strict });
+  assert.equal(refused.end?.text, '550 5.7.1 DMARC checks failed');
+});
