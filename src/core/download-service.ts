@@ -149,7 +149,8 @@ export function parseRange(
   size: number,
 ): [number, number] | undefined | 'unsatisfiable' {
   if (header === undefined) return undefined;
-  const match = /^bytes=(\d*)-(\d*)$/.exec(header.trim());
+  // The range unit is case-insensitive (RFC 9110 section 14.1).
+  const match = /^bytes=(\d*)-(\d*)$/i.exec(header.trim());
   if (!match) return undefined;
   const [, first = '', last = ''] = match;
   if (first === '' && last === '') return undefined;

@@ -196,6 +196,17 @@ test('a sender_domains list naming an opted-out domain answers 409 sender_opted_
   expectError(allowed, 410, 'inbox_cancelled');
 });
 
+test("a malformed request on a cancelled inbox answers its 400 (404 for a malformed message id), not 410: shape comes before the inbox's state", async () => {
+  const inbox = await h.provision();
+  await cancel(inbox);
+  for (const [name, [call, status]] of Object.entries(MALFORMED)) {
+    for (const token of [inbox.credentials.owner, inbox.credentials.reader]) {
+      const response = await call(inbox, token);
+      assert.equal(response.status, status, `${name}: ${response.text}`);
+    }
+  }
+});
+
 test('a sender_domains list naming an opted-out domain with a missing or unknown credential answers 401', async () => {
   await h.optOuts.add('optedout-anon.example', h.clock.now());
   const inbox = await h.provision();

@@ -163,6 +163,11 @@ test('Range bytes=-50 answers 206 with the last 50 bytes', async () => {
   await assertRange('bytes=-50', BIG_SIZE - 50, BIG_SIZE - 1);
 });
 
+test('the range unit is matched in any case (RFC 9110): Bytes=0-3 and BYTES=-50 answer 206', async () => {
+  await assertRange('Bytes=0-3', 0, 3);
+  await assertRange('BYTES=-50', BIG_SIZE - 50, BIG_SIZE - 1);
+});
+
 test('ranges crossing stored chunk boundaries answer the exact bytes', async () => {
   await assertRange('bytes=262140-262150', 262140, 262150);
   await assertRange(`bytes=${CHUNK}-${CHUNK}`, CHUNK, CHUNK);
