@@ -29,6 +29,19 @@ const flakyKey = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.
   format: 'pem',
 }) as string;
 
+/** The message signed by flaky.example, whose key lookup fails. */
+async function signFlaky(message: Buffer): Promise<Buffer> {
+  const signer = { signingDomain: 'flaky.example', selector: DKIM_SELECTOR, privateKey: flakyKey };
+  const signed = await dkimSign(message, {
+    ...signer,
+    canonicalization: 'relaxed/relaxed',
+    algorithm: 'rsa-sha256',
+    signatureData: [signer],
+  });
+  assert.deepEqual(signed.errors, []);
+  return Buffer.concat([Buffer.from(signed.signatures), message]);
+}
+
 before(async () => {
   const txt = testZone().records.txt as Record<string, string>;
   txt['_dmarc.flaky.example'] = 'v=DMARC1; p=reject';
@@ -436,18 +449,10 @@ test('a From: domain written with a trailing dot is the domain without it: admit
 test('a DMARC failure under p=reject that a failed DNS lookup may have caused (the key of an aligned signature) is a 451, retried, not a 550', async () => {
   const inbox = await s.provision();
   const message = plainMessage({ to: inbox.address, from: 'ceo@flaky.example' });
-  const signer = { signingDomain: 'flaky.example', selector: DKIM_SELECTOR, privateKey: flakyKey };
-  const signed = await dkimSign(message, {
-    ...signer,
-    canonicalization: 'relaxed/relaxed',
-    algorithm: 'rsa-sha256',
-    signatureData: [signer],
-  });
-  assert.deepEqual(signed.errors, []);
   const replies = await s.send({
     from: 'x@lax.test',
     to: [inbox.address],
-    message: Buffer.concat([Buffer.from(signed.signatures), message]),
+    message: await signFlaky(message),
   });
   assert.equal(replies.end?.text, '451 4.7.1 DMARC checks could not be completed, try again later');
   // Unsigned, the same failure has no failed lookup behind it: refused for good.
@@ -457,22 +462,13 @@ test('a DMARC failure under p=reject that a failed DNS lookup may have caused (t
 
 test('with several From: domains, a p=reject failure that a failed lookup for that domain may have caused is a 451 too; another domain failing is a 550', async () => {
   const inbox = await s.provision();
-  const sign = async (message: Buffer) => {
-    const signer = { signingDomain: 'flaky.example', selector: DKIM_SELECTOR, privateKey: flakyKey };
-    const signed = await dkimSign(message, {
-      ...signer,
-      canonicalization: 'relaxed/relaxed',
-      algorithm: 'rsa-sha256',
-      signatureData: [signer],
-    });
-    assert.deepEqual(signed.errors, []);
-    return Buffer.concat([Buffer.from(signed.signatures), message]);
-  };
-  const flaky = await sign(plainMessage({ to: inbox.address, from: 'ceo@flaky.example, x@lax.test' }));
+  const flaky = await signFlaky(plainMessage({ to: inbox.address, from: 'ceo@flaky.example, x@lax.test' }));
   const replies = await s.send({ from: 'x@lax.test', to: [inbox.address], message: flaky });
   assert.equal(replies.end?.text, '451 4.7.1 DMARC checks could not be completed, try again later');
   // strict.test fails with no failed lookup of its own: the flaky signature does not excuse it.
-  const strict = await sign(plainMessage({ to: inbox.address, from: 'ceo@strict.test, x@flaky.example' }));
+  const strict = await signFlaky(
+    plainMessage({ to: inbox.address, from: 'ceo@strict.test, x@flaky.example' }),
+  );
   const refused = await s.send({ from: 'x@lax.test', to: [inbox.address], message: strict });
   assert.equal(refused.end?.text, '550 5.7.1 DMARC checks failed');
 });
