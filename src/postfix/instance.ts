@@ -17,7 +17,7 @@ import { connect } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config/config.ts';
-import { linkTo, postfixBase } from './base-dir.ts';
+import { linkTo, postfixBase, unsearchableAbove } from './base-dir.ts';
 import { type PostfixDirs, type PostfixFiles, renderPostfix } from './render.ts';
 
 export const POSTFIX_COMMAND = '/usr/sbin/postfix';
@@ -153,15 +153,12 @@ export async function writeConfigFile(path: string, text: string): Promise<void>
  * every directory above them must be searchable by others (a mkdtemp directory is 0700).
  */
 async function searchableByOthers(directory: string): Promise<void> {
-  for (let dir = directory; ; dir = dirname(dir)) {
-    const mode = (await stat(dir)).mode;
-    if ((mode & 0o001) === 0) {
-      throw new Error(
-        `the postfix user cannot reach ${directory}: ${dir} has mode ${(mode & 0o777).toString(8)} (needs o+x); choose another RUN_DIR or chmod o+x ${dir}`,
-      );
-    }
-    if (dir === dirname(dir)) return;
-  }
+  const dir = unsearchableAbove(directory);
+  if (dir === undefined) return;
+  const mode = (await stat(dir)).mode;
+  throw new Error(
+    `the postfix user cannot reach ${directory}: ${dir} has mode ${(mode & 0o777).toString(8)} (needs o+x); choose another RUN_DIR or chmod o+x ${dir}`,
+  );
 }
 
 export class PostfixInstance {

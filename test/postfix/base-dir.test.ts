@@ -96,3 +96,16 @@ test('a service whose RUN_DIR is under a 0700 directory prepares its Postfix out
   assert.equal(unsearchableAbove(instance.dirs.queueDirectory), undefined);
   assert.doesNotMatch(await instance.maillog(), /fatal|warning/);
 });
+
+test('an instance made for a directory the postfix user cannot reach refuses to prepare, naming the directory to open', async () => {
+  const closed = await home('closed-instance', 0o700);
+  const instance = new PostfixInstance({
+    baseDir: join(closed, 'postfix'),
+    render: () => ({ mainCf: '', masterCf: '' }),
+    smtp: { host: '127.0.0.1', port: 2598 },
+  });
+  await assert.rejects(instance.prepare(), (error: Error) => {
+    assert.match(error.message, new RegExp(`${closed} has mode 700 \\(needs o\\+x\\)`));
+    return true;
+  });
+});
