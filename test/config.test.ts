@@ -97,6 +97,11 @@ test('the mail-side listeners take a port, host:port or a socket path', () => {
     ['MILTER_PORT', '/tmp/a,b.sock'],
     ['LMTP_PORT', '/tmp/{x}.sock'],
     ['LMTP_PORT', `/tmp/${'s'.repeat(120)}.sock`],
+    // Security review: the host went into main.cf's check_policy_service list as written, so this
+    // closed the list and put `permit` after it.
+    ['POLICY_PORT', 'x }, permit, { y:10040'],
+    ['MILTER_PORT', '[::1:8891'],
+    ['LMTP_PORT', 'bad_host:24'],
     ['REQUIRE_PTR', 'maybe'],
   ] as const) {
     assert.throws(

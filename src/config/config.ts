@@ -215,10 +215,13 @@ function listen(env: Env, name: string, fallback: number): Listen {
   }
   const match = /^(?:(\[[0-9a-f:.]+\]|[^:]+):)?(\d{1,5})$/i.exec(raw);
   const portNumber = Number(match?.[2]);
-  if (!match || portNumber > 65535) {
+  const host = (match?.[1] ?? '127.0.0.1').replace(/^\[|\]$/g, '');
+  // The host is written into main.cf's `{ inet:HOST:PORT, ... }` lists too: nothing but an address or
+  // a name, so a value cannot close the list and add settings of its own.
+  if (!match || portNumber > 65535 || (isIP(host) === 0 && !HOST_NAME.test(host))) {
     throw new ConfigError(name, `must be a port, host:port or an absolute socket path (got "${raw}")`);
   }
-  return { host: (match[1] ?? '127.0.0.1').replace(/^\[|\]$/g, ''), port: portNumber };
+  return { host, port: portNumber };
 }
 
 /** Unset: the entry point's default; `off`: no metrics server; else a port (0: any free one). */
