@@ -314,17 +314,20 @@ describe('docker/compose.yaml', () => {
     }
   });
 
-  test('publishes only the API on 8080 and SMTP on 25', () => {
+  test('publishes only the API, on loopback port 8080 (plain HTTP, for a TLS proxy), and SMTP on 25', () => {
     const published = Object.entries(services)
       .filter(([, s]) => s.ports)
       .map(([name, s]) => [name, s.ports]);
     assert.deepEqual(published, [
-      ['api', ['8080:8080']],
+      ['api', ['127.0.0.1:8080:8080']],
       ['postfix', ['25:25']],
     ]);
     const env = { ...operatorEnv(), API_PUBLISH: '127.0.0.1:8081', SMTP_PUBLISH: '2525' };
     assert.deepEqual(loadCompose(env).services.api?.ports, ['127.0.0.1:8081:8080']);
     assert.deepEqual(loadCompose(env).services.postfix?.ports, ['2525:25']);
+    // An env file without the line keeps the API on loopback too (compose.yaml's own default).
+    const unset = { ...operatorEnv(), API_PUBLISH: undefined };
+    assert.deepEqual(loadCompose(unset).services.api?.ports, ['127.0.0.1:8080:8080']);
   });
 
   test('keeps the database and the mail queue in named volumes, where the images keep them', () => {
