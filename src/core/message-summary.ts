@@ -125,9 +125,14 @@ export function headerFields(
 // biome-ignore lint/suspicious/noControlCharactersInRegex: on purpose
 const CONTROL = /[\x01-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]/g;
 
-/** Removes NULs, turns other controls into spaces, cuts to MAX_FIELD_CHARS (not inside a surrogate pair). */
+/** Removes NULs and turns other controls into spaces: what an agent printing the field gets is text. */
+export function printable(text: string): string {
+  return (text.includes('\0') ? text.replaceAll('\0', '') : text).replace(CONTROL, ' ');
+}
+
+/** printable(), cut to MAX_FIELD_CHARS (not inside a surrogate pair). */
 function clean(text: string): string {
-  const noNul = (text.includes('\0') ? text.replaceAll('\0', '') : text).replace(CONTROL, ' ');
+  const noNul = printable(text);
   if (noNul.length <= MAX_FIELD_CHARS) return noNul;
   const cut = noNul.charCodeAt(MAX_FIELD_CHARS - 1);
   return noNul.slice(0, cut >= 0xd800 && cut <= 0xdbff ? MAX_FIELD_CHARS - 1 : MAX_FIELD_CHARS);

@@ -10,6 +10,7 @@ import { encodeCursor } from './cursor.ts';
 import { invalidRequest } from './errors.ts';
 import { type InboxStatus, presentInboxStatus } from './inbox-status.ts';
 import { isExpired } from './lifecycle.ts';
+import { printable } from './message-summary.ts';
 import type { Caller, MessageRecord, RejectionRecord, Usage } from './model.ts';
 import { type CachedPage, PollCache } from './poll-cache.ts';
 import type { MessageStore } from './ports.ts';
@@ -176,7 +177,9 @@ function presentMessage(m: MessageRecord, inboxUrl: string, deleteAfter: Date): 
     url: `${inboxUrl}/messages/${m.messageId}`,
     // The envelope sender stands in only for a missing From: (message-summary.ts, at delivery).
     from: { name: m.fromName, address: m.fromAddress },
-    envelope_from: m.envelopeFrom,
+    // Postfix takes an ESC or DEL inside MAIL FROM; what is stored stays as sent (idempotency,
+    // rejection merging), what the agent reads is text, as the summary fields are.
+    envelope_from: printable(m.envelopeFrom),
     subject: m.subject,
     size_bytes: m.sizeBytes,
     received_at: (m.receivedAt ?? deleteAfter).toISOString(),
@@ -189,7 +192,7 @@ function presentMessage(m: MessageRecord, inboxUrl: string, deleteAfter: Date): 
 
 const presentRejection = (r: RejectionRecord): RejectionEvent => ({
   at: r.at.toISOString(),
-  envelope_from: r.envelopeFrom,
+  envelope_from: printable(r.envelopeFrom),
   reason: r.reason,
   sender_domain: r.senderDomain,
   size_bytes: r.sizeBytes,
