@@ -14,9 +14,11 @@ TEST_FILES ?= test/**/*.test.ts
 run: install database mail-tools
 	$(NODE) src/main.ts all
 
-## test: lint, type-check and run every test against the local PostgreSQL
+## test: lint, type-check and run every test against the local PostgreSQL. A test or hook that hangs
+## fails after 5 minutes, and a file whose tests are done exits even if something is still open.
 test: install postgres mail-tools check
-	$(NODE) --test --test-global-setup=test/support/global-setup.ts --test-concurrency=4 '$(TEST_FILES)'
+	$(NODE) --test --test-global-setup=test/support/global-setup.ts --test-concurrency=4 \
+		--test-timeout=300000 --test-force-exit '$(TEST_FILES)'
 
 check: lint typecheck
 

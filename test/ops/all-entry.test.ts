@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { chmod, glob, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { type AddressInfo, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 import { freshDatabase, type TestDatabase } from '../support/database.ts';
 import { freePorts } from '../support/sender-postfix.ts';
 import { SmtpClient } from '../support/smtp-client.ts';
-import { type DaemonProcess, daemonEnv, refusedSoon, startDaemon } from './daemon-process.ts';
+import { type DaemonProcess, daemonEnv, exitsWithin, refusedSoon, startDaemon } from './daemon-process.ts';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 let database: TestDatabase;
@@ -28,7 +28,14 @@ before(async () => {
   await chmod(runDir, 0o755); // the postfix user must reach the queue below it
 });
 after(async () => {
-  all?.kill();
+  // SIGTERM first: `all` stops its Postfix; a master left by a test that failed half-way (or by a
+  // SIGKILLed `all`) is a daemon of its own and would outlive this file.
+  if (all && !(await exitsWithin(all, 0))) await all.terminate();
+  for await (const pidFile of glob(join(runDir, '**/postfix/queue/pid/master.pid'))) {
+    const pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+    const command = await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '');
+    if (pid > 0 && command.trim() === 'master') process.kill(pid, 'SIGKILL');
+  }
   await database.drop();
   await rm(runDir, { recursive: true, force: true });
 });
@@ -104,8 +111,11 @@ test('all: daemons on port 0 are named to Postfix by the ports they bound; a sec
     // A master that dies makes the process not ready (it answered ready with no SMTP listener).
     const master = Number((await readFile(join(dir, 'postfix/queue/pid/master.pid'), 'utf8')).trim());
     process.kill(master, 'SIGKILL');
-    await new Promise((resolve) => setTimeout(resolve, 200));
-    const ready = await fetch(`${first.apiUrl}/readyz`);
+    let ready = await fetch(`${first.apiUrl}/readyz`);
+    for (let i = 0; i < 100 && ready.status === 200; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      ready = await fetch(`${first.apiUrl}/readyz`);
+    }
     assert.equal(ready.status, 503);
     assert.deepEqual(await ready.json(), { ok: false, checks: { database: 'ok', postfix: 'not running' } });
   } finally {

@@ -104,7 +104,14 @@ export async function startDaemon(entry: string, env: Record<string, string>): P
   const listening = (key: string) => lines.find((l) => l.msg === 'listening' && typeof l[key] === 'string');
   // The metrics server starts last; with METRICS_PORT=off the entry's own line is the last.
   const last = env.METRICS_PORT === 'off' ? entry : 'metrics';
-  await waitForLine((l) => (l.msg === 'listening' || l.msg === 'scheduled') && typeof l[last] === 'string');
+  await waitForLine(
+    (l) => (l.msg === 'listening' || l.msg === 'scheduled') && typeof l[last] === 'string',
+  ).catch((error: unknown) => {
+    // A start that never came up is not left running behind the failed test (its pipes would keep
+    // node --test waiting).
+    if (!done) child.kill('SIGKILL');
+    throw error;
+  });
   const metrics = listening('metrics');
   const api = listening('api')?.api as string | undefined;
   const address = (listening(entry)?.[entry] as string | undefined) ?? '';

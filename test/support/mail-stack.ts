@@ -55,9 +55,30 @@ export interface MailStackOptions {
 }
 
 export async function startMailStack(options: MailStackOptions = {}): Promise<MailStack> {
+  // What has started, stopped in reverse order by close(), or at once when a later start fails (a
+  // before() that throws leaves nothing running for node --test to wait on).
+  const stops: (() => Promise<unknown>)[] = [];
+  const stopAll = async () => {
+    for (const stop of stops.splice(0).reverse()) await stop().catch(() => undefined);
+  };
+  try {
+    return await startStack(options, stops, stopAll);
+  } catch (error) {
+    await stopAll();
+    throw error;
+  }
+}
+
+async function startStack(
+  options: MailStackOptions,
+  stops: (() => Promise<unknown>)[],
+  stopAll: () => Promise<void>,
+): Promise<MailStack> {
   const zone = testZone();
   const dns = await startDnsmasq({ records: zone.records });
+  stops.push(() => dns.stop());
   const baseDir = await mkdtemp(join(tmpdir(), 'inbox-mx-'));
+  stops.push(() => rm(baseDir, { recursive: true, force: true }));
   const harness = await startHarness({
     MAIL_DOMAIN,
     AUTHSERV_ID,
@@ -67,6 +88,7 @@ export async function startMailStack(options: MailStackOptions = {}): Promise<Ma
     LMTP_PORT: '0',
     ...options.env,
   });
+  stops.push(() => harness.close());
   const logs: LogLine[] = [];
   const logOf =
     (daemon: string): Log =>
@@ -74,6 +96,9 @@ export async function startMailStack(options: MailStackOptions = {}): Promise<Ma
       logs.push({ daemon, ...line });
   const config: Config = harness.config;
   const running = new Map<DaemonName, { close(): Promise<unknown> }>();
+  stops.push(async () => {
+    for (const server of running.values()) await server.close().catch(() => undefined);
+  });
   const startDaemon = async (name: DaemonName) => {
     const start = { policy: startPolicy, milter: startMilter, lmtp: startLmtp }[name];
     const server = await start(harness.container, logOf(name));
@@ -92,6 +117,8 @@ export async function startMailStack(options: MailStackOptions = {}): Promise<Ma
     smtp: { host: '127.0.0.1', port: smtpPort },
   });
   await postfix.prepare();
+  // Stopped even when start() fails part-way (a master that came up but never listened).
+  stops.push(() => postfix.stop());
   await postfix.start({ resolvConf: dns.resolvConfPath });
 
   const stack: MailStack = {
@@ -118,13 +145,7 @@ export async function startMailStack(options: MailStackOptions = {}): Promise<Ma
         await sleep(100);
       }
     },
-    async close() {
-      await postfix.stop().catch(() => undefined);
-      for (const server of running.values()) await server.close().catch(() => undefined);
-      await dns.stop().catch(() => undefined);
-      await harness.close();
-      await rm(baseDir, { recursive: true, force: true });
-    },
+    close: stopAll,
   };
   return stack;
 }
