@@ -296,12 +296,16 @@ export class PgMessageStore implements MessageStore {
     );
   }
 
+  /** Marks the message deleted (`lost`) and frees what is left of its copy, as delete-messages does. */
   async recordLost(message: MessageRecord, now: Date): Promise<void> {
     await this.#db.rows(
       'message-record-lost',
-      bumpingVersion(`UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $3),
+      bumpingVersion(
+        `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $3),
            deleted_reason = coalesce(deleted_reason, 'lost')
-         WHERE inbox_id = $1 AND message_id = $2 AND state = 'stored' RETURNING message_id`),
+         WHERE inbox_id = $1 AND message_id = $2 AND state = 'stored' RETURNING message_id`,
+        `DELETE FROM message_chunks WHERE inbox_id = $1 AND message_id = $2 AND EXISTS (SELECT 1 FROM changed)`,
+      ),
       [message.inboxId, message.messageId, now],
     );
   }
@@ -391,10 +395,12 @@ export class PgMessageStore implements MessageStore {
 /**
  * Wraps an UPDATE ... RETURNING of one inbox's rows ($1 is the inbox id) so that, in the same statement,
  * the inbox's version is bumped when any row changed (core/poll-cache.ts); returns the UPDATE's rows.
+ * `alsoWhenChanged`, a further data-modifying statement of the same statement, may test `changed`.
  */
-function bumpingVersion(update: string): string {
+function bumpingVersion(update: string, alsoWhenChanged?: string): string {
   return `WITH changed AS (${update}),
     bumped AS (UPDATE inboxes SET version = version + 1 WHERE inbox_id = $1 AND EXISTS (SELECT 1 FROM changed))
+    ${alsoWhenChanged ? `, also AS (${alsoWhenChanged})` : ''}
     SELECT * FROM changed`;
 }
 

@@ -449,6 +449,9 @@ test('410 message_gone: a message whose stored copy is missing answers reason lo
   }
   const status = await h.api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.reader });
   assert.equal(status.json.message_count, 0, 'a lost message no longer counts');
+  // What was left of the copy goes with it, as when delete-messages finds it (jobs review: the chunks
+  // stayed until the tombstone went, up to RESERVATION_TTL_SECONDS later).
+  assert.deepEqual(await sql('SELECT seq FROM message_chunks WHERE message_id = $1', [id]), []);
   h.clock.advance(h.config.goneSeconds);
   expectError(await download(inbox, id), 404, 'message_not_found');
 });
@@ -533,11 +536,11 @@ test('the reader and the owner credential both download', async () => {
 });
 
 /** Fault injection only: the test database is this file's own clone. */
-async function sql(text: string, values: unknown[] = []): Promise<void> {
+async function sql(text: string, values: unknown[] = []): Promise<unknown[]> {
   const client = new pg.Client({ connectionString: h.database.url });
   await client.connect();
   try {
-    await client.query(text, values);
+    return (await client.query(text, values)).rows;
   } finally {
     await client.end();
   }

@@ -227,3 +227,14 @@ test('an extend that waited while the expiry passed answers 409 and the mail goe
   assert.equal((await status(kept)).state, 'live');
   assert.equal((await download(kept, keptId)).status, 200);
 });
+
+test('a store finishing after expiry uses the same settle time as this job (one number in two places)', async () => {
+  // The store functions of migration 20261203000000 answer `expired` (and store nothing) for a delivery
+  // finishing EXPIRE_SETTLE_SECONDS past expires_at; the job frees an inbox's messages from the same
+  // moment. Changing one without the other would store mail the job has already passed by.
+  const settle = `%interval '${EXPIRE_SETTLE_SECONDS} seconds'%`;
+  const count = (where: string) =>
+    scalar(h, `SELECT count(*) FROM pg_proc WHERE proname = 'finish_delivery_outcome' ${where}`, [settle]);
+  assert.equal(await count('AND $1::text IS NOT NULL'), 1);
+  assert.equal(await count('AND prosrc LIKE $1'), 1);
+});

@@ -12,7 +12,7 @@ import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { LIST_EVENTS_SQL } from '../../src/storage/message-store.ts';
-import { EXPIRE_PICK_SQL, TOMBSTONE_PICK_SQL } from '../../src/storage/sweeper-store.ts';
+import { DELETE_DUE_PICK_SQL, EXPIRE_PICK_SQL, TOMBSTONE_PICK_SQL } from '../../src/storage/sweeper-store.ts';
 import { USAGE_WHERE } from '../../src/storage/usage.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverMany, testJobs } from '../support/jobs.ts';
@@ -96,14 +96,8 @@ test('the usage count still reads one inbox through its own key', async () => {
 
 test('delete-messages and drop-tombstones find their rows through their indexes', async () => {
   const now = h.clock.now();
-  const due = await plan(
-    `SELECT inbox_id, message_id FROM messages
-     WHERE state = 'stored' AND delete_after IS NOT NULL AND delete_after <= $1
-     ORDER BY delete_after LIMIT $2 FOR UPDATE SKIP LOCKED`,
-    ['timestamptz', 'int4'],
-    [now, 500],
-    'custom',
-  );
+  // The job's own statement (until 2026-11-25 a copy of it written here).
+  const due = await plan(DELETE_DUE_PICK_SQL, ['timestamptz', 'int4'], [now, 500], 'custom');
   assert.match(due, /messages_delete_due/, due);
   // The job's own statement: until migration 20261206000000 its reserved_at condition made it read the
   // whole table.

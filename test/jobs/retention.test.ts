@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { newMessageId } from '../../src/core/ids.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
+import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { footprint, scalar, testJobs } from '../support/jobs.ts';
 
@@ -70,11 +71,19 @@ test('an expired inbox keeps its tombstones until its purge, even past GONE_SECO
   const inbox = await h.provision();
   const jobs = testJobs({ ...h, config: { ...h.config, goneSeconds: 1 } });
   await h.deliver(inbox.inbox_id, 'Subject: kept\r\n\r\nkept\r\n');
-  h.clock.advance(h.config.unitSeconds);
-  await jobs.run('expire-inboxes');
+  // Past the expiry's settle time, so the message is a tombstone (until 2026-11-25 this test moved the
+  // clock to expires_at only: the job took nothing, and there was no tombstone to keep).
+  h.clock.advance(h.config.unitSeconds + EXPIRE_SETTLE_SECONDS + 1);
+  assert.equal((await jobs.run('expire-inboxes')).counts.messages, 1);
+  assert.deepEqual(
+    [(await footprint(h, inbox.inbox_id)).messages, (await footprint(h, inbox.inbox_id)).undeleted],
+    [1, 0],
+    'one tombstone',
+  );
   const final = await status(inbox);
   assert.equal(final.message_count, 1);
-  h.clock.advance(h.config.purgeAfterSeconds - 1);
+  // Just before the purge (expires_at + PURGE_AFTER_SECONDS), far past GONE_SECONDS (1 s here).
+  h.clock.advance(h.config.purgeAfterSeconds - EXPIRE_SETTLE_SECONDS - 2);
   assert.equal((await jobs.run('drop-tombstones')).counts.messages, 0);
   assert.equal((await footprint(h, inbox.inbox_id)).messages, 1);
   assert.deepEqual(await status(inbox), final);
