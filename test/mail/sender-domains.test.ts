@@ -142,6 +142,53 @@ test('an inbox listing allowed.test takes authenticated mail from allowed.test a
   assert.equal(p.inbox.rejection_count, 0);
 });
 
+test('a domain without a DMARC record is authenticated by an aligned DKIM signature alone (contract section 4)', async () => {
+  const inbox = await s.provision(['keyonly.test']);
+  // The envelope is in lax.test, so SPF does not align: only the signature speaks for keyonly.test.
+  const signed = await dkimSignFor(
+    'keyonly.test',
+    plainMessage({ to: inbox.address, from: 'alice@keyonly.test', messageId: '<signed@keyonly.test>' }),
+  );
+  const viaDkim = await s.send({ from: 'bounce@lax.test', to: [inbox.address], message: signed });
+  assert.match(viaDkim.end?.text ?? '', queuedAs, JSON.stringify(viaDkim));
+  // The same author unsigned is not authenticated: DMARC has no policy to pass.
+  const unsigned = plainMessage({ to: inbox.address, from: 'alice@keyonly.test' });
+  const refused = await s.send({ from: 'bounce@lax.test', to: [inbox.address], message: unsigned });
+  assert.equal(refused.end?.text, NOT_ALLOWED);
+
+  const p = await messagesIn(inbox, 1);
+  assert.deepEqual(p.messages[0].authentication, {
+    dmarc: { result: 'none', domain: 'keyonly.test' },
+    dkim: { result: 'pass', domain: 'keyonly.test' },
+    spf: { result: 'neutral', domain: 'lax.test' },
+  });
+  assert.deepEqual(
+    p.rejections.map((r: { reason: string; sender_domain: string | null }) => [r.reason, r.sender_domain]),
+    [['sender_not_allowed', null]],
+  );
+});
+
+test('a listed subdomain does not admit its parent, and a name is matched by labels, not by its ending', async () => {
+  const sub = await s.provision(['news.allowed.test']);
+  const parent = await dkimSignFor('allowed.test', plainMessage({ to: sub.address, from: 'a@allowed.test' }));
+  const toSub = await s.send({ from: 'bounce@allowed.test', to: [sub.address], message: parent });
+  assert.equal(toSub.end?.text, NOT_ALLOWED);
+
+  const listed = await s.provision(['allowed.test']);
+  // xallowed.test passes DMARC through aligned SPF; it ends in "allowed.test" but is not under it.
+  const lookalike = plainMessage({ to: listed.address, from: 'a@xallowed.test' });
+  const toListed = await s.send({ from: 'bounce@xallowed.test', to: [listed.address], message: lookalike });
+  assert.equal(toListed.end?.text, NOT_ALLOWED);
+
+  const events = async (inbox: ProvisionedInbox) =>
+    (await poll(inbox)).rejections.map((r: { reason: string; sender_domain: string }) => [
+      r.reason,
+      r.sender_domain,
+    ]);
+  assert.deepEqual(await events(sub), [['sender_not_allowed', 'allowed.test']]);
+  assert.deepEqual(await events(listed), [['sender_not_allowed', 'xallowed.test']]);
+});
+
 test('unauthenticated mail (From: lax.test) gets 451 4.7.1 and a sender_not_allowed event with sender_domain null', async () => {
   const inbox = await s.provision(['allowed.test']);
   const message = plainMessage({ to: inbox.address, from: 'news@lax.test', messageId: '<unauth@lax.test>' });

@@ -8,6 +8,8 @@
  *   strict.test   SPF -all excluding 127/8, no DKIM, p=reject     (DMARC fails: 550 5.7.1)
  *   lax.test      SPF ?all, no DKIM, DMARC p=none                 (DMARC fails, not refused)
  *   optout.test   SPF pass, DKIM key, DMARC p=none                (the opted-out domain)
+ *   keyonly.test  SPF pass, DKIM key, no DMARC record             (authenticated by aligned DKIM alone)
+ *   xallowed.test SPF pass, DMARC p=none                          (a look-alike of allowed.test)
  * Client addresses (MAIL-FACTS F.3): see CLIENTS. dkimSignFor() signs with mailauth and throws if it
  * cannot (unknown domain, signing error). resolveInZone() answers mailauth's lookups from the same TXT
  * records without a DNS server, for tests and benchmarks that call mailauth directly.
@@ -36,6 +38,8 @@ export const SENDER_DOMAINS = [
   'strict.test',
   'lax.test',
   'optout.test',
+  'keyonly.test',
+  'xallowed.test',
 ] as const;
 export type SenderDomain = (typeof SENDER_DOMAINS)[number];
 
@@ -71,9 +75,12 @@ export function testZone(): TestZone {
     '_dmarc.lax.test': 'v=DMARC1; p=none',
     'optout.test': SPF_PASS,
     '_dmarc.optout.test': 'v=DMARC1; p=none',
+    'keyonly.test': SPF_PASS,
+    'xallowed.test': SPF_PASS,
+    '_dmarc.xallowed.test': 'v=DMARC1; p=none',
   };
   const privateKeys: TestZone['privateKeys'] = {};
-  for (const domain of ['allowed.test', 'other.test', 'optout.test'] as const) {
+  for (const domain of ['allowed.test', 'other.test', 'optout.test', 'keyonly.test'] as const) {
     const key = dkimKey();
     txt[`${DKIM_SELECTOR}._domainkey.${domain}`] = key.record;
     privateKeys[domain] = key.privateKey;
