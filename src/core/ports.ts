@@ -370,6 +370,8 @@ export interface SweeperStore {
    * holds it, runs nothing and answers `{ ran: false }`. The lock is released when `fn` settles.
    */
   exclusively<T>(job: string, fn: () => Promise<T>): Promise<{ ran: true; value: T } | { ran: false }>;
+  /** PostgreSQL's clock (clock_timestamp()), in milliseconds since the epoch. */
+  databaseClockMs(): Promise<number>;
   /**
    * Marks deleted the messages (stored or in flight) of inboxes whose expires_at is before
    * `expiredBefore` (at or before `now`), and frees their chunks. Reason `expired` and deleted_at `now`

@@ -2,7 +2,9 @@
  * job - what every lifecycle job shares (STYLE 17, DESIGN decision 9):
  * - one run at a time across every process: a Postgres advisory lock named after the job; a run that
  *   finds it held does nothing and says so;
- * - one "now" per run, from the injected clock (never the database's);
+ * - one "now" per run, from the injected clock (never the database's); but a run whose host's clock
+ *   (the wall clock) is more than MAX_CLOCK_SKEW_SECONDS off PostgreSQL's does nothing and fails: what
+ *   a job deletes cannot come back, and a host clock 20 minutes ahead would purge live inboxes;
  * - work in bounded batches (rows and bytes per statement), at most `maxBatches` per run: a run that
  *   reaches the cap stops and the next run carries on;
  * - one structured log line per run with its counts, batches and duration. `run()` never rejects;
@@ -30,6 +32,8 @@ export interface SweepLimits {
 export interface JobDeps {
   store: SweeperStore;
   clock: Clock;
+  /** The host's clock, compared with PostgreSQL's before each run (Date.now; tests set it off). */
+  wallClock?: () => number;
   log: Log;
   limits: SweepLimits;
   settings: RetentionSettings;
@@ -108,6 +112,7 @@ export function defineJob(name: string, deps: JobDeps, body: (run: Run) => Promi
       let error: string | undefined;
       try {
         const outcome = await deps.store.exclusively(name, async () => {
+          await checkClock(deps);
           state = new RunState(deps.clock.now(), deps.limits, signal);
           await body(state);
         });
@@ -138,4 +143,24 @@ export function defineJob(name: string, deps: JobDeps, body: (run: Run) => Promi
       return report;
     },
   };
+}
+
+/**
+ * How far the host's clock may be from PostgreSQL's. Within it, the margins the jobs keep cover the
+ * difference (expire-inboxes' EXPIRE_SETTLE_SECONDS is 60); beyond it the run deletes nothing.
+ */
+export const MAX_CLOCK_SKEW_SECONDS = 30;
+
+async function checkClock(deps: JobDeps): Promise<void> {
+  const wall = deps.wallClock ?? Date.now;
+  const before = wall();
+  const database = await deps.store.databaseClockMs();
+  const after = wall();
+  const skewMs = (before + after) / 2 - database;
+  if (Math.abs(skewMs) <= MAX_CLOCK_SKEW_SECONDS * 1000 + (after - before) / 2) return;
+  const seconds = Math.round(Math.abs(skewMs) / 1000);
+  throw new Error(
+    `this host's clock is ${seconds} s ${skewMs > 0 ? 'ahead of' : 'behind'} PostgreSQL's (more than ` +
+      `${MAX_CLOCK_SKEW_SECONDS} s): nothing done; set the clocks right (NTP)`,
+  );
 }

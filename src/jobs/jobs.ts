@@ -46,8 +46,9 @@ export function createJobs(
   settings: JobSettings,
   log: Log,
   limits: Partial<SweepLimits> = {},
+  wallClock?: () => number,
 ): Job[] {
-  const deps = { store, clock, log, settings, limits: sweepLimits(settings, limits) };
+  const deps = { store, clock, log, settings, limits: sweepLimits(settings, limits), wallClock };
   return [
     releaseReservations(deps),
     expireInboxes(deps),

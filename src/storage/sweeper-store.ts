@@ -149,6 +149,13 @@ export class PgSweeperStore implements SweeperStore {
     }
   }
 
+  async databaseClockMs(): Promise<number> {
+    const result = await this.#db.pool.query<{ ms: number }>(
+      'SELECT extract(epoch FROM clock_timestamp())::float8 * 1000 AS ms',
+    );
+    return Number(result.rows[0]?.ms);
+  }
+
   async expireMessages(now: Date, expiredBefore: Date, limit: BatchLimit): Promise<Freed> {
     return this.#markAndFree(
       EXPIRE_PICK_SQL,

@@ -35,10 +35,11 @@ export interface TestJobs {
 export function testJobs(
   h: Pick<Harness, 'container' | 'clock' | 'config'>,
   limits: Partial<SweepLimits> = {},
+  wallClock?: () => number,
 ): TestJobs {
   const lines: LogLine[] = [];
   const store = h.container.resolve<SweeperStore>(TOKENS.SweeperStore);
-  const jobs = createJobs(store, h.clock, h.config, (line) => lines.push(line), limits);
+  const jobs = createJobs(store, h.clock, h.config, (line) => lines.push(line), limits, wallClock);
   const byName = new Map(jobs.map((job) => [job.name, job]));
   return {
     jobs,
