@@ -49,6 +49,12 @@ import { endOfMessageReply } from './reply.ts';
  */
 export const MAX_HEADER_BYTES = MAX_CLIENT_HEADER_BYTES;
 export const MAX_HEADER_FIELDS = 10_000;
+/**
+ * Recipients kept per message: ten times main.cf's smtpd_recipient_limit (100). No reply goes back to a
+ * RCPT (NR_RCPT), so without a bound a peer could grow the list for ever; past it the connection is a
+ * protocol error, and Postfix tempfails the message (milter_default_action).
+ */
+export const MAX_RECIPIENTS = 1000;
 export const HEADERS_TOO_LARGE: Refusal = Object.freeze({
   kind: 'reject',
   code: 552,
@@ -173,9 +179,14 @@ export class MilterSession {
       case 'mail':
         this.#beginTransaction(command.args);
         break;
-      case 'rcpt':
-        this.#transaction('RCPT').recipients.push(smtpAddress(command.args[0] ?? ''));
+      case 'rcpt': {
+        const { recipients } = this.#transaction('RCPT');
+        if (recipients.length >= MAX_RECIPIENTS) {
+          throw new MilterProtocolError(`more than ${MAX_RECIPIENTS} recipients in one message`);
+        }
+        recipients.push(smtpAddress(command.args[0] ?? ''));
         break;
+      }
       case 'header':
         answer = this.#onHeader(command);
         break;

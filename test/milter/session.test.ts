@@ -13,6 +13,7 @@ import {
   HEADERS_TOO_LARGE,
   MAX_FIELD_BYTES,
   MAX_HEADER_FIELDS,
+  MAX_RECIPIENTS,
   MilterSession,
 } from '../../src/milter/session.ts';
 import { FakeHandler, type Started, sleep, startFake } from './fake-handler.ts';
@@ -492,6 +493,15 @@ describe('transactions', () => {
     assert.deepEqual(second?.headers, [{ name: 'Subject', value: ' second' }]);
   });
 
+  test(`a message may have MAX_RECIPIENTS (${MAX_RECIPIENTS}) recipients, every one kept`, async () => {
+    const { mta, handler } = await setup();
+    await mta.negotiate();
+    const rcpts = Array.from({ length: MAX_RECIPIENTS }, (_, i) => `<r${i}@svc.test>`);
+    await envelope(mta, '<s@allowed.test>', rcpts);
+    assert.equal(await headers(mta, [['Subject', ' many']]), 'c');
+    assert.equal(handler.messages[0]?.envelope.recipients.length, MAX_RECIPIENTS);
+  });
+
   test('a new MAIL in the middle of a message aborts the consumer', async () => {
     const { mta, handler } = await setup();
     await mta.negotiate();
@@ -638,6 +648,15 @@ describe('protocol errors close the connection', () => {
     ['a second negotiation', true, (mta) => void mta.negotiate().catch(() => {})],
     ['a CONNECT without its NUL', true, (mta) => mta.send('C', 'host')],
     ['a RCPT outside a transaction', true, (mta) => mta.rcpt('<a@svc.test>')],
+    [
+      // Protocol review: the list grew without bound (no reply to RCPT slows a peer down).
+      `RCPT number ${MAX_RECIPIENTS + 1} of one message`,
+      true,
+      (mta) => {
+        mta.mail('<s@allowed.test>');
+        for (let i = 0; i <= MAX_RECIPIENTS; i++) mta.rcpt(`<r${i}@svc.test>`);
+      },
+    ],
     [
       'a BODY before EOH',
       true,
