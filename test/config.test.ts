@@ -155,6 +155,14 @@ test('derived defaults follow the variables they come from', () => {
   );
   assert.equal(loadConfig({ MAIL_DOMAIN: 'inbox.example' }).abuseContact, 'abuse@inbox.example');
   assert.equal(loadConfig({ ABUSE_CONTACT: 'reports@example.org' }).abuseContact, 'reports@example.org');
+  // Protocol review: a line break reached the policy daemon's reply as a space and made the milter
+  // answer a temporary failure; non-ASCII went out as UTF-8 in an SMTP reply.
+  for (const value of ['abuse@svc.test\r\n250 ok', 'Missbrauch → abuse@svc.test', 'x'.repeat(201)]) {
+    assert.throws(
+      () => loadConfig({ ABUSE_CONTACT: value }),
+      (e) => e instanceof ConfigError && e.variable === 'ABUSE_CONTACT',
+    );
+  }
 });
 
 test('SWEEP_INTERVAL_SECONDS takes intervals that divide a minute, an hour or a day', () => {

@@ -235,6 +235,19 @@ function metricsPort(env: Env, name: string): number | 'off' | undefined {
   return Number(raw);
 }
 
+/**
+ * Text that goes into an SMTP reply as given: printable US-ASCII (RFC 5321 section 4.2), short enough
+ * for the 512-byte reply line. A line break would end the policy daemon's reply early and makes the
+ * milter answer a temporary failure instead of the refusal.
+ */
+function replyText(env: Env, name: string, fallback: string): string {
+  const value = text(env, name, fallback);
+  if (!/^[\x20-\x7e]{1,200}$/.test(value)) {
+    throw new ConfigError(name, `must be 1 to 200 printable ASCII characters (got ${JSON.stringify(value)})`);
+  }
+  return value;
+}
+
 function bool(env: Env, name: string, fallback: boolean): boolean {
   const raw = text(env, name, String(fallback)).toLowerCase();
   if (['true', '1', 'yes'].includes(raw)) return true;
@@ -319,7 +332,7 @@ export function loadConfig(env: Env = process.env): Config {
       `http://${apiHost.includes(':') ? `[${apiHost}]` : apiHost}:${apiPort}`,
     ),
     mailDomain,
-    abuseContact: text(env, 'ABUSE_CONTACT', `abuse@${mailDomain}`),
+    abuseContact: replyText(env, 'ABUSE_CONTACT', `abuse@${mailDomain}`),
     secretKey,
     runDir: text(env, 'RUN_DIR', '.run'),
     unitSeconds,
