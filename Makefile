@@ -2,7 +2,8 @@
 # (Node 24 from the npm registry, the npm packages, a running PostgreSQL) is brought in here.
 
 SHELL := /bin/bash
-export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
+# /usr/sbin too: postconf, postfix and dnsmasq live there, and a shell from plain `su` lacks it.
+export PATH := $(CURDIR)/node_modules/.bin:$(PATH):/usr/sbin:/sbin
 NODE := $(CURDIR)/node_modules/.bin/node
 TEST_FILES ?= test/**/*.test.ts
 
