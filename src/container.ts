@@ -27,7 +27,7 @@ import { MailauthAuthenticator } from './mail/mailauth-authenticator.ts';
 import { MilterCheck } from './mail/milter-check.ts';
 import { Health } from './ops/health.ts';
 import { Metrics, type VerdictLabel } from './ops/metrics.ts';
-import { Database } from './storage/database.ts';
+import { Database, isDatabaseUnavailable } from './storage/database.ts';
 import { PgGatekeeper } from './storage/gatekeeper.ts';
 import { InboxChangeFeed } from './storage/inbox-changes.ts';
 import { PgInboxStore } from './storage/inbox-store.ts';
@@ -152,6 +152,7 @@ export function buildContainer(
     downloads: get(TOKENS.DownloadService),
     optOuts: get(TOKENS.OptOuts),
     log: get(TOKENS.Log),
+    databaseUnavailable: isDatabaseUnavailable,
     health: get(TOKENS.Health),
     observe: (request) =>
       get<Metrics>(TOKENS.Metrics).httpRequest(

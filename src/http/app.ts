@@ -36,7 +36,7 @@ export function createApp(services: HttpServices): Koa {
     ctx.res.once('close', () => answered(ctx, services, started));
     await next();
   });
-  app.use(errorMiddleware(services.log));
+  app.use(errorMiddleware(services.log, services.databaseUnavailable));
   // RFC 9112 3.2: an HTTP/1.1 request without Host is a 400. Node's own was bodiless (the server lets
   // it through to here: src/daemons/api.ts), this one is the contract's.
   app.use(async (ctx, next) => {

@@ -25,6 +25,8 @@ export interface HttpServices {
   downloads: DownloadService;
   optOuts: OptOuts;
   log: Logger;
+  /** Whether an error means the database is away (logged briefly and at most every 10 s). */
+  databaseUnavailable?: (error: unknown) => boolean;
   /** Readiness for `GET /readyz`. */
   health: { ready(): Promise<Readiness> };
   /** Called once per request when its response has ended or the client went away (metrics). */

@@ -52,6 +52,23 @@ export const CONNECT_TIMEOUT_MS = 20_000;
 
 const UNUSABLE = Symbol('unusable connection');
 
+/**
+ * Whether an error says the database cannot be reached or went away (not that a statement failed):
+ * refused or lost connections, a connect timeout, a server shutting down. The API logs these without
+ * a stack, a few per outage (http/error-middleware.ts).
+ */
+export function isDatabaseUnavailable(error: unknown): boolean {
+  if (!(error instanceof Error)) return false;
+  const code = (error as { code?: string }).code ?? '';
+  return (
+    isConnectionError(error) ||
+    ['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH'].includes(code) ||
+    /timeout exceeded when trying to connect|the database system is (starting up|shutting down)/.test(
+      error.message,
+    )
+  );
+}
+
 /** Errors after which a connection cannot be trusted: it ended, or the server is going away (57P0x). */
 function isConnectionError(error: Error): boolean {
   const code = (error as { code?: string }).code ?? '';

@@ -62,6 +62,22 @@ test('with the database unreachable: live, not ready (503 naming the check), log
   assert.equal(warnings.length, 1, 'one line when readiness starts failing, not one per probe');
   assert.equal(warnings[0]?.level, 'warn');
   assert.match(String(warnings[0]?.error), /ECONNREFUSED/);
+
+  // Every API request fails alike meanwhile: one short line for them, not one with a stack each.
+  for (let i = 0; i < 20; i++) {
+    const response = await fetch(`${api.apiUrl}/v1/inboxes/${'a'.repeat(20)}/messages`, {
+      headers: { Authorization: `Bearer rmr_${'b'.repeat(32)}` },
+    });
+    assert.equal(response.status, 500);
+    assert.equal(((await response.json()) as { error: { code: string } }).error.code, 'internal');
+  }
+  const errors = api.lines.filter((l) => l.level === 'error');
+  assert.deepEqual(
+    errors.map((l) => [l.msg, l.cause, l.route, l.left_out]),
+    [['internal error', 'database unavailable', '/v1/inboxes/:id/messages', 0]],
+  );
+  assert.match(String(errors[0]?.error), /ECONNREFUSED/);
+  assert.doesNotMatch(String(errors[0]?.error), /\n\s+at /, 'no stack');
 });
 
 test('policy, milter and jobs serve the probes and /metrics on their own metrics port', async () => {
