@@ -367,9 +367,13 @@ export interface BatchLimit {
 export interface SweeperStore {
   /**
    * Runs `fn` while this process holds the cluster-wide advisory lock named `job`; when another session
-   * holds it, runs nothing and answers `{ ran: false }`. The lock is released when `fn` settles.
+   * holds it, runs nothing and answers `{ ran: false }`. The lock is released when `fn` settles. `lost`
+   * is aborted when the lock's session fails while `fn` runs: the lock may be another process's now.
    */
-  exclusively<T>(job: string, fn: () => Promise<T>): Promise<{ ran: true; value: T } | { ran: false }>;
+  exclusively<T>(
+    job: string,
+    fn: (lost: AbortSignal) => Promise<T>,
+  ): Promise<{ ran: true; value: T } | { ran: false }>;
   /** PostgreSQL's clock (clock_timestamp()), in milliseconds since the epoch. */
   databaseClockMs(): Promise<number>;
   /**

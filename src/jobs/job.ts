@@ -8,7 +8,9 @@
  * - work in bounded batches (rows and bytes per statement), at most `maxBatches` per run: a run that
  *   reaches the cap stops and the next run carries on;
  * - one structured log line per run with its counts, batches and duration. `run()` never rejects;
- * - a run asked to stop (its signal aborted) stops before its next batch.
+ * - a run asked to stop (its signal aborted) stops before its next batch; so does a run whose lock's
+ *   session failed (a renewal that could not reach PostgreSQL), and it is reported failed: another
+ *   process may hold the lock by then.
  *
  * A job only makes physical what readers already apply, so a run that is late, skipped, repeated or cut
  * short (a crash between batches) changes no answer the API or the SMTP side gives.
@@ -111,10 +113,15 @@ export function defineJob(name: string, deps: JobDeps, body: (run: Run) => Promi
       let ran = false;
       let error: string | undefined;
       try {
-        const outcome = await deps.store.exclusively(name, async () => {
+        const outcome = await deps.store.exclusively(name, async (lost) => {
           await checkClock(deps);
-          state = new RunState(deps.clock.now(), deps.limits, signal);
+          state = new RunState(
+            deps.clock.now(),
+            deps.limits,
+            signal ? AbortSignal.any([signal, lost]) : lost,
+          );
           await body(state);
+          if (lost.aborted) throw new Error(`lost the job's lock: ${String(lost.reason)}`);
         });
         ran = outcome.ran;
       } catch (failure) {

@@ -114,11 +114,16 @@ export class PgSweeperStore implements SweeperStore {
    * keeps every other process from running the job for as long as it is frozen. While fn runs, a query
    * every third of the lease keeps the session busy.
    */
-  async exclusively<T>(job: string, fn: () => Promise<T>): Promise<{ ran: true; value: T } | { ran: false }> {
+  async exclusively<T>(
+    job: string,
+    fn: (lost: AbortSignal) => Promise<T>,
+  ): Promise<{ ran: true; value: T } | { ran: false }> {
     const client = await this.#db.pool.connect();
     let broken: Error | undefined;
+    const lost = new AbortController();
     const fail = (error: Error) => {
       broken ??= error;
+      lost.abort(error);
     };
     client.on('error', fail);
     const key = [LOCK_NAMESPACE, lockKey(job)];
@@ -134,7 +139,7 @@ export class PgSweeperStore implements SweeperStore {
       if (!locked.rows[0]?.locked) return { ran: false };
       renewal = setInterval(() => void client.query('SELECT 1').catch(fail), this.#leaseMs / 3);
       try {
-        return { ran: true, value: await fn() };
+        return { ran: true, value: await fn(lost.signal) };
       } finally {
         clearInterval(renewal);
         // A connection that cannot say it unlocked is destroyed: ending the session drops the lock.

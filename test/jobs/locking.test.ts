@@ -158,6 +158,41 @@ test('a run that fails logs an error line with its counts so far and releases it
   assert.deepEqual(again, { ran: true, value: 1 }, 'the lock was released');
 });
 
+test("a run whose lock's session fails stops before its next batch and is reported failed", async () => {
+  // Jobs review: the run went on without the lock (another process could take it meanwhile).
+  const lines: LogLine[] = [];
+  const store = h.container.resolve<SweeperStore>(TOKENS.SweeperStore);
+  let batches = 0;
+  const job = defineJob(
+    'lock-lost-job',
+    { store, clock: h.clock, log: (l) => lines.push(l), limits: sweepLimits(h.config), settings: h.config },
+    async (run) => {
+      await run.repeat(async () => {
+        batches++;
+        if (batches === 1) {
+          // The session holding this job's advisory lock ends, as when a renewal cannot reach PostgreSQL.
+          // pg_locks is the cluster's: only this file's database, not other test files' locks.
+          const advisory = `FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`;
+          assert.equal(await scalar(h, `SELECT count(pg_terminate_backend(pid)) ${advisory}`), 1);
+          const until = Date.now() + 5000;
+          while (Date.now() < until && (await scalar(h, `SELECT count(*) ${advisory}`)) > 0) await sleep(10);
+          await sleep(100);
+        }
+        return batches < 5;
+      });
+    },
+  );
+  const report = await job.run();
+  assert.equal(batches, 1, 'no batch after the lock was lost');
+  assert.equal(report.complete, false);
+  assert.match(report.error ?? '', /^lost the job's lock: /);
+  assert.equal(lines[0]?.msg, 'job failed');
+  const again = await job.run();
+  assert.equal(again.error, undefined, 'the next run takes the lock again');
+  assert.equal(batches, 5);
+});
+
 test('release-reservations and a reservation for several inboxes, both waiting for one inbox row, do not deadlock', async () => {
   // Eight inboxes, each with a reservation old enough to release. A session holds the first row (as a
   // delivery does for a moment); a new reservation for all eight waits for it, and so does the job.
