@@ -186,22 +186,40 @@ export function applyOverrides(mainCf: string, overrides: Record<string, string>
 const TIME_UNITS: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86400, w: 604800 };
 
 /**
- * The seconds of main.cf's maximal_queue_lifetime (postconf(5): a number with an optional unit s, m,
- * h, d or w, days when none; Postfix's default 5d when the line is absent).
+ * The seconds of a time parameter in main.cf (postconf(5): a number with an optional unit s, m, h, d
+ * or w; `unit` when none; Postfix's `fallback` when the line is absent).
  */
-export function queueLifetimeSeconds(mainCf: string): number {
-  const value = /^maximal_queue_lifetime\s*=\s*(\S*)\s*$/m.exec(mainCf)?.[1] ?? '5d';
+function timeSetting(mainCf: string, name: string, fallback: string, unit: string): number {
+  const value = new RegExp(`^${name}\\s*=\\s*(\\S*)\\s*$`, 'm').exec(mainCf)?.[1] ?? fallback;
   const match = /^(\d+)([smhdw]?)$/.exec(value);
-  if (!match) throw new Error(`postfix/main.cf: maximal_queue_lifetime "${value}" is not a time value`);
-  return Number(match[1]) * (TIME_UNITS[match[2] || 'd'] ?? 86400);
+  if (!match) throw new Error(`postfix/main.cf: ${name} "${value}" is not a time value`);
+  return Number(match[1]) * (TIME_UNITS[match[2] || unit] ?? 1);
+}
+
+/** maximal_queue_lifetime in seconds (days when no unit; Postfix's default 5d). */
+export function queueLifetimeSeconds(mainCf: string): number {
+  return timeSetting(mainCf, 'maximal_queue_lifetime', '5d', 'd');
 }
 
 /**
- * Beyond the queue lifetime, a reservation outlives its message by this much at least: the milter
- * reserves before Postfix queues the message, and its last delivery attempt may start just before
- * the lifetime ends and take the LMTP client's timeouts (minutes).
+ * How long past maximal_queue_lifetime Postfix may still deliver a message: the queue manager expires
+ * a message only after a delivery attempt fails (postconf(5) maximal_queue_lifetime), and the attempt
+ * before that may come maximal_backoff_time (4000 s) plus a queue_run_delay (300 s) after the one
+ * before, just under the lifetime; the attempt itself then takes up to the LMTP client's timeouts
+ * (LMTP_ATTEMPT_SECONDS). Postfix's queue clock starts when the queue file is made, before the milter
+ * reserves, so that gap is on the safe side. (Until 2026-11-25 a flat hour, which a message deferred
+ * just before its lifetime could outlive: found by a mail-admin review.)
  */
-export const RESERVATION_SLACK_SECONDS = 3600;
+export function lastDeliverySlackSeconds(mainCf: string): number {
+  return (
+    timeSetting(mainCf, 'maximal_backoff_time', '4000s', 's') +
+    timeSetting(mainCf, 'queue_run_delay', '300s', 's') +
+    LMTP_ATTEMPT_SECONDS
+  );
+}
+
+/** One LMTP delivery attempt at its slowest: lmtp_data_done_timeout (600 s) and the rest, rounded up. */
+export const LMTP_ATTEMPT_SECONDS = 1800;
 
 /**
  * A message Postfix delivers after the release job freed its reservation is dropped (answered 250,
@@ -209,10 +227,12 @@ export const RESERVATION_SLACK_SECONDS = 3600;
  */
 function checkReservationOutlivesQueue(settings: PostfixSettings, mainCf: string): void {
   const lifetime = queueLifetimeSeconds(mainCf);
-  if (settings.reservationTtlSeconds < lifetime + RESERVATION_SLACK_SECONDS) {
+  const slack = lastDeliverySlackSeconds(mainCf);
+  if (settings.reservationTtlSeconds < lifetime + slack) {
     throw new ConfigError(
       'RESERVATION_TTL_SECONDS',
-      `must be at least Postfix's maximal_queue_lifetime (${lifetime} s) plus ${RESERVATION_SLACK_SECONDS} s: ` +
+      `must be at least Postfix's maximal_queue_lifetime (${lifetime} s) plus ${slack} s ` +
+        `(maximal_backoff_time, queue_run_delay and ${LMTP_ATTEMPT_SECONDS} s for the last attempt): ` +
         `mail Postfix delivers after its quota reservation was released is dropped (got ${settings.reservationTtlSeconds})`,
     );
   }

@@ -15,6 +15,7 @@ import { findPostfix, PostfixInstance, postfixDirs, writeConfigFile } from '../.
 import {
   applyOverrides,
   fillTemplate,
+  LMTP_ATTEMPT_SECONDS,
   lmtpCacheDestinations,
   postfixEndpoint,
   queueLifetimeSeconds,
@@ -107,15 +108,26 @@ describe('renderPostfix', () => {
     const short = { ...config, reservationTtlSeconds: 432_000 };
     assert.throws(
       () => renderPostfix(short, dirs),
-      /^Error: RESERVATION_TTL_SECONDS: must be at least Postfix's maximal_queue_lifetime \(432000 s\) plus 3600 s/,
+      /^Error: RESERVATION_TTL_SECONDS: must be at least Postfix's maximal_queue_lifetime \(432000 s\) plus 6100 s/,
     );
     assert.doesNotThrow(() => renderPostfix(short, dirs, { maximal_queue_lifetime: '4d' }));
-    // The reservation is made before the message is queued: an hour of slack at least.
+    // Postfix expires a message only after an attempt fails, and the last attempt may come
+    // maximal_backoff_time (4000 s) + queue_run_delay (300 s) after the one before the lifetime, and
+    // take up to LMTP_ATTEMPT_SECONDS (1800): until 2026-11-25 an hour was allowed (Postfix review).
+    assert.equal(LMTP_ATTEMPT_SECONDS, 1800);
     assert.throws(
-      () => renderPostfix({ ...config, reservationTtlSeconds: 432_001 + 3_598 }, dirs),
-      /plus 3600 s/,
+      () => renderPostfix({ ...config, reservationTtlSeconds: 432_000 + 6_099 }, dirs),
+      /plus 6100 s/,
     );
-    assert.doesNotThrow(() => renderPostfix({ ...config, reservationTtlSeconds: 435_600 }, dirs));
+    assert.doesNotThrow(() => renderPostfix({ ...config, reservationTtlSeconds: 432_000 + 6_100 }, dirs));
+    // Overrides of the retry timing count too.
+    assert.throws(
+      () =>
+        renderPostfix({ ...config, reservationTtlSeconds: 432_000 + 6_100 }, dirs, {
+          maximal_backoff_time: '2h',
+        }),
+      /plus 9300 s/,
+    );
     assert.throws(() => renderPostfix(config, dirs, { maximal_queue_lifetime: '1w' }), /\(604800 s\)/);
     assert.equal(queueLifetimeSeconds('maximal_queue_lifetime = 3600s\n'), 3600);
     assert.equal(queueLifetimeSeconds('maximal_queue_lifetime = 2\n'), 172_800);
