@@ -120,3 +120,29 @@ test('a sender is stored as the client sent it: no @ added, no bang path or perc
   ]);
   assert.deepEqual(forms, expected.sort());
 });
+
+test('an SMTPUTF8 message (a UTF-8 envelope sender and From:) is delivered over LMTP and stored', async () => {
+  // Postfix hands it on only to an LMTP server that offers SMTPUTF8; without that the delivery would
+  // fail for good, which soft_bounce turns into deferrals until the queue lifetime drops it (review).
+  const inbox = await s.provision();
+  const message = Buffer.from(
+    `From: Jürgen <jürgen@allowed.test>\r\nTo: ${inbox.address}\r\nSubject: Grüße\r\n` +
+      'Message-ID: <utf8@allowed.test>\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nbody\r\n',
+  );
+  const replies = await s.send({
+    from: 'jürgen@allowed.test',
+    to: [inbox.address],
+    message,
+    mailParams: 'SMTPUTF8',
+  });
+  assert.ok(queuedAs(replies), replies.end?.text);
+  const [stored] = await arrived(inbox, 1);
+  assert.deepEqual(
+    [stored.envelope_from, stored.from, stored.subject],
+    ['jürgen@allowed.test', { name: 'Jürgen', address: 'jürgen@allowed.test' }, 'Grüße'],
+  );
+  // Postfix's Received and our Authentication-Results come first; the rest is the bytes sent.
+  const raw = (await s.api.get(stored.url, { token: inbox.credentials.owner })).bytes;
+  assert.equal(raw.length, stored.size_bytes);
+  assert.deepEqual(raw.subarray(raw.length - message.length), message);
+});
