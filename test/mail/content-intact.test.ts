@@ -126,6 +126,32 @@ test('header fields Postfix deletes by default, and a MIME part header it would 
   );
 });
 
+test('a bare CR in a header field and in the body arrives as sent (cleanup_replace_stray_cr_lf = no)', async () => {
+  // Postfix 3.7.10 and later replace each stray CR with a space by default, against outbound SMTP
+  // smuggling, which a receive-only service never does; until 2026-11-25 such mail was stored changed
+  // and its DKIM signature could fail on our side only (Postfix review).
+  const inbox = await s.provision();
+  const message = Buffer.from(
+    [
+      'From: Sender <sender@allowed.test>',
+      `To: ${inbox.address}`,
+      'Subject: a\rb',
+      'MIME-Version: 1.0',
+      '',
+      'one\rtwo',
+      'three\r',
+      '',
+    ].join('\r\n'),
+  );
+  const replies = await s.send({ from: 'sender@allowed.test', to: [inbox.address], message });
+  assert.match(replies.end?.text ?? '', /^250 2\.0\.0 Ok: queued as \w+$/);
+  const token = inbox.credentials.reader;
+  const m = await onlyMessage(inbox.inbox_id, token);
+  const download = await s.api.get(m.url, { token });
+  assert.equal(download.status, 200);
+  assert.deepEqual(download.bytes.subarray(download.bytes.length - message.length), message);
+});
+
 test('a header field Postfix cuts (over 60,000 bytes, with a milter) is 552 5.3.4 at end of data, and nothing is kept', async () => {
   const inbox = await s.provision();
   // Postfix keeps 54,000 to 60,000 bytes of such a field: in 70-byte lines about 59,990, in 5,000-byte
