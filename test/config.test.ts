@@ -157,6 +157,9 @@ test('derived defaults follow the variables they come from', () => {
   assert.equal(loadConfig({ ABUSE_CONTACT: 'reports@example.org' }).abuseContact, 'reports@example.org');
   // Protocol review: a line break reached the policy daemon's reply as a space and made the milter
   // answer a temporary failure; non-ASCII went out as UTF-8 in an SMTP reply.
+  // The default (abuse@MAIL_DOMAIN) is not held to the limit: a long MAIL_DOMAIN still starts.
+  const longDomain = `${'a'.repeat(60)}.`.repeat(4) + 'test';
+  assert.equal(loadConfig({ MAIL_DOMAIN: longDomain }).abuseContact, `abuse@${longDomain}`);
   for (const value of ['abuse@svc.test\r\n250 ok', 'Missbrauch → abuse@svc.test', 'x'.repeat(201)]) {
     assert.throws(
       () => loadConfig({ ABUSE_CONTACT: value }),

@@ -332,7 +332,8 @@ export function loadConfig(env: Env = process.env): Config {
       `http://${apiHost.includes(':') ? `[${apiHost}]` : apiHost}:${apiPort}`,
     ),
     mailDomain,
-    abuseContact: replyText(env, 'ABUSE_CONTACT', `abuse@${mailDomain}`),
+    // The default is abuse@MAIL_DOMAIN, a host name already checked: only a value set is limited.
+    abuseContact: env.ABUSE_CONTACT ? replyText(env, 'ABUSE_CONTACT', '') : `abuse@${mailDomain}`,
     secretKey,
     runDir: text(env, 'RUN_DIR', '.run'),
     unitSeconds,

@@ -45,7 +45,10 @@ export type Counts = Record<string, number>;
 
 export interface JobReport {
   job: string;
-  /** False when another process held the job's lock (or it could not be taken). */
+  /**
+   * False when another process held the job's lock (or it could not be taken), or when the run stopped
+   * before its first batch because the host's clock is off PostgreSQL's (then `error` says so).
+   */
   ran: boolean;
   counts: Counts;
   batches: number;

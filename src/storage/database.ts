@@ -63,9 +63,9 @@ export function isDatabaseUnavailable(error: unknown): boolean {
   return (
     isConnectionError(error) ||
     ['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH'].includes(code) ||
-    /timeout exceeded when trying to connect|the database system is (starting up|shutting down)/.test(
-      error.message,
-    )
+    // Not pg-pool's "timeout exceeded when trying to connect": that is a pool whose clients are all
+    // busy (slow statements, lock waits), with PostgreSQL answering; it keeps its stack.
+    /the database system is (starting up|shutting down)/.test(error.message)
   );
 }
 

@@ -60,15 +60,15 @@ export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
  */
 export const JOB_LOCK_LEASE_MS = 60_000;
 
-/**
- * drop-tombstones' pick ($1 deleted before, $2 reserved before, $3 now, $4 limit): rows past their 410
- * window and their reservation's horizon, in live inboxes, found through messages_tombstone_horizon.
- */
 /** delete-messages' pick of the messages whose delete_after has passed (indexes.test.ts plans it). */
 export const DELETE_DUE_PICK_SQL = `SELECT inbox_id, message_id, size_bytes FROM messages
   WHERE state = 'stored' AND delete_after IS NOT NULL AND delete_after <= $1
   ORDER BY delete_after LIMIT $2 FOR UPDATE SKIP LOCKED`;
 
+/**
+ * drop-tombstones' pick ($1 deleted before, $2 reserved before, $3 now, $4 limit): rows past their 410
+ * window and their reservation's horizon, in live inboxes, found through messages_tombstone_horizon.
+ */
 export const TOMBSTONE_PICK_SQL = `SELECT d.inbox_id, d.message_id FROM messages d JOIN inboxes i ON i.inbox_id = d.inbox_id
   WHERE d.state = 'deleted' AND d.deleted_at <= $1 AND d.reserved_at <= $2 AND i.expires_at > $3
     AND d.deleted_reason <> 'released'
