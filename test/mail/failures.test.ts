@@ -17,7 +17,10 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { once } from 'node:events';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Socket } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
@@ -25,7 +28,14 @@ import { asAdmin } from '../support/database.ts';
 import { allowConnections, endSessions } from '../support/database-outage.ts';
 import { CLIENTS } from '../support/dns-zone.ts';
 import { MAIL_DOMAIN, type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
-import { queuedAs, type Reply, SmtpClient, type TransactionReplies } from '../support/smtp-client.ts';
+import { startSenderPostfix } from '../support/sender-postfix.ts';
+import {
+  queuedAs,
+  type Reply,
+  SmtpClient,
+  sendMail,
+  type TransactionReplies,
+} from '../support/smtp-client.ts';
 
 let s: MailStack;
 before(async () => {
@@ -277,6 +287,70 @@ test('Postgres unavailable: the milter answers 4xx at end of data, the receiver 
   const whole = await s.postfix.maillog();
   assert.doesNotMatch(whole, /status=bounced/);
   assert.doesNotMatch(whole, /sender non-delivery notification/);
+});
+
+test('a real sending MTA turned away with a 4xx while Postgres is down delivers its message once the database is back', async () => {
+  // The sessions refused during the outage above are the test's own; here a second Postfix plays the
+  // sender, as on the Internet: it keeps the message and retries (DESIGN table review).
+  const inbox = await s.provision();
+  const runDir = await mkdtemp(join(tmpdir(), 'failures-sender-'));
+  await chmod(runDir, 0o711); // the postfix user must reach the sender's queue below it
+  const sender = await startSenderPostfix({
+    runDir,
+    relayHost: '127.0.0.1',
+    relayPort: s.smtpPort,
+    backoffSeconds: 2,
+    resolvConf: s.dns.resolvConfPath,
+  });
+  try {
+    const message = plainMessage({
+      to: inbox.address,
+      subject: 'retried',
+      messageId: '<outage@allowed.test>',
+    });
+    await refuseConnections();
+    let senderQueueId: string | undefined;
+    try {
+      const injected = await sendMail(sender.port, {
+        from: 'sender@allowed.test',
+        to: [inbox.address],
+        message,
+      });
+      senderQueueId = queuedAs(injected);
+      assert.ok(senderQueueId, injected.end?.text);
+      const deferred = await s.waitFor('the sender deferring on our 4xx', async () => {
+        const [entry] = await sender.instance.queue();
+        const reason = entry?.recipients[0]?.delayReason ?? '';
+        return /said: 4\d\d /.test(reason) ? reason : undefined;
+      });
+      assert.match(deferred, /said: 451 4\.3\.5 /, 'the policy daemon could not look the inbox up');
+    } finally {
+      await allowAgain();
+    }
+    await sender.instance.flush();
+    await s.waitFor('the message stored', async () =>
+      (await poll(inbox)).messages.length > 0 ? true : undefined,
+    );
+    await s.waitFor('the sender queue to drain', async () =>
+      (await sender.instance.queueEmpty()) ? true : undefined,
+    );
+    const final = await poll(inbox);
+    assert.deepEqual(
+      final.messages.map((m: { internet_message_id: string }) => m.internet_message_id),
+      ['<outage@allowed.test>'],
+    );
+    assert.deepEqual(final.rejections, []);
+    const log = (await sender.instance.maillog()).split('\n').filter((l) => l.includes(`${senderQueueId}:`));
+    assert.equal(log.filter((l) => l.includes('status=sent')).length, 1, log.join('\n'));
+    assert.ok(
+      log.some((l) => l.includes('status=deferred')),
+      log.join('\n'),
+    );
+    assert.doesNotMatch(await sender.instance.maillog(), /status=bounced/);
+  } finally {
+    await sender.stop();
+    await rm(runDir, { recursive: true, force: true });
+  }
 });
 
 /**
