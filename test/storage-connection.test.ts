@@ -60,3 +60,22 @@ test('a statement waiting for a lock fails after the lock timeout, and a full po
     await short.close();
   }
 });
+
+test('ping answers while every pooled connection is busy (readiness under load is not "unreachable")', async () => {
+  // Ops review: the ping waited for a pooled connection, up to the 20 s connect wait, so a busy API
+  // was reported unready with PostgreSQL answering.
+  const busy = await Promise.all([db.pool.connect(), db.pool.connect()]);
+  try {
+    assert.equal(db.poolUse().idle, 0);
+    const began = performance.now();
+    const answered = await Promise.race([
+      db.ping().then(() => true),
+      new Promise<false>((resolve) => setTimeout(() => resolve(false), 2000)),
+    ]);
+    assert.equal(answered, true, 'ping answered within 2 s');
+    assert.ok(performance.now() - began < 2000);
+  } finally {
+    for (const client of busy) client.release();
+  }
+  await db.ping(); // and through the pool again once a connection is free
+});

@@ -81,12 +81,14 @@ function isConnectionError(error: Error): boolean {
 
 export class Database {
   readonly pool: pg.Pool;
+  readonly #connectionString: string;
 
   constructor(
     connectionString: string,
     max = 20,
     limits: { lockTimeoutMs?: number; connectTimeoutMs?: number } = {},
   ) {
+    this.#connectionString = connectionString;
     this.pool = new pg.Pool({
       connectionString,
       max,
@@ -156,9 +158,26 @@ export class Database {
     }
   }
 
-  /** `SELECT 1` on a pooled connection (readiness); rejects when the server cannot be reached. */
+  /**
+   * `SELECT 1` (readiness); rejects when the server cannot be reached. On a pooled connection, unless
+   * every one is busy (slow statements, long deliveries): waiting for one would read as "unreachable"
+   * while PostgreSQL answers, and a load balancer would drop every busy replica at once (ops review).
+   * Then on a connection of its own, closed after.
+   */
   async ping(): Promise<void> {
-    await this.pool.query('SELECT 1');
+    const { idleCount, totalCount, options } = this.pool;
+    if (idleCount > 0 || totalCount < (options.max ?? 10)) {
+      await this.pool.query('SELECT 1');
+      return;
+    }
+    const client = new pg.Client({ connectionString: this.#connectionString });
+    client.on('error', () => {});
+    try {
+      await client.connect();
+      await client.query('SELECT 1');
+    } finally {
+      await client.end().catch(() => undefined);
+    }
   }
 
   /** The pool's connections and the queries waiting for one (metrics). */
