@@ -15,6 +15,7 @@
  *   inbox_job_runs_total{job,outcome}, inbox_job_rows_total{job,what},
  *   inbox_job_freed_bytes_total{job}, inbox_job_seconds{job}
  *   inbox_db_pool_connections{state=total|idle}, inbox_db_pool_waiting, inbox_db_pool_max
+ *   inbox_orphan_reservations_released_total                 a dead milter's reservations a live one freed
  *   process_* and nodejs_* (prom-client's defaults: CPU, memory, event loop lag, handles)
  */
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
