@@ -13,9 +13,8 @@
  * Every entry but migrate also serves /metrics, /livez and /readyz on METRICS_HOST:METRICS_PORT
  * (src/ops/ops-server.ts), started once its daemons listen. Logs are JSON lines on stdout (src/log.ts).
  *
- * SIGTERM or SIGINT: readiness turns 503 at once; Postfix stops first (`all`), then each daemon in
- * reverse order of starting stops accepting and finishes what it has in flight for up to
- * SHUTDOWN_GRACE_SECONDS (see each daemon's header; the job schedule stops after its current batch);
+ * SIGTERM or SIGINT: readiness turns 503 at once; Postfix stops first (`all`), then every daemon at once
+ * stops accepting and finishes what it has in flight for up to SHUTDOWN_GRACE_SECONDS (see each daemon's header; the job schedule stops after its current batch);
  * then the pool and the metrics server close and the process exits 0. Should that take more than the
  * grace plus 10 s, or a second signal come, the process exits 1 at once.
  */
@@ -101,11 +100,10 @@ async function main(argv: string[]): Promise<void> {
   const shutdown = async () => {
     health.stop();
     exitAtTheLatest();
-    // Postfix first, so no new delivery starts; then each daemon, the last started first, finishes what
-    // it has in flight (sort is stable).
-    const order = [...running].reverse();
-    order.sort((a, b) => Number(b.name === 'postfix') - Number(a.name === 'postfix'));
-    for (const item of order) {
+    // Postfix first, so no new delivery starts; then every daemon at once finishes what it has in
+    // flight, each within the one grace (one after another, under `all` their graces added up past
+    // the exit deadline: ops review).
+    const closeOne = async (item: Running) => {
       const started = performance.now();
       await item
         .close()
@@ -113,7 +111,9 @@ async function main(argv: string[]): Promise<void> {
           log({ level: 'error', msg: 'stop failed', name: item.name, error: String(error) }),
         );
       log({ msg: 'stopped', name: item.name, ms: Math.round(performance.now() - started) });
-    }
+    };
+    for (const item of running.filter((r) => r.name === 'postfix')) await closeOne(item);
+    await Promise.all(running.filter((r) => r.name !== 'postfix').map(closeOne));
     await container.resolve<Database>(TOKENS.Database).close();
     await ops?.close();
     await lock?.release();
