@@ -151,8 +151,11 @@ test('inbox cancel makes both credentials answer 410 inbox_cancelled', async () 
     assert.equal(status.json.error.code, 'inbox_cancelled');
     assert.equal(status.json.error.details.reason, 'abuse');
   }
+  assert.equal(run.stdout.trim(), `cancelled inbox ${inbox.inbox_id}`);
   const again = await inboxctl(['inbox', 'cancel', inbox.inbox_id]);
   assert.equal(again.code, 0, 'cancelling twice is harmless');
+  // and says so (ops review: it said "cancelled" again, even past expires_at)
+  assert.equal(again.stdout.trim(), `inbox ${inbox.inbox_id} was already cancelled`);
 });
 
 test('inbox cancel of an expired inbox fails with exit 1 and leaves it expired, not purged', async () => {

@@ -80,6 +80,9 @@ async function execute(command: Exclude<RunnableCommand, { kind: 'migrate' }>, c
           throw new Failure(`no such inbox: ${command.inboxId}`);
         case 'expired':
           throw new Failure(`inbox ${command.inboxId} has expired: nothing to cancel`);
+        case 'already_cancelled':
+          out(`inbox ${command.inboxId} was already cancelled`);
+          return;
       }
       out(`cancelled inbox ${command.inboxId}`);
       return;

@@ -159,9 +159,12 @@ export class InboxService {
    * Operator action: cancel for abuse. A live inbox is cancelled (again: harmless); an expired one is
    * left as it is (until 2026-11-25 cancelling it purged it at once, taking the agent's final view).
    */
-  async cancel(inboxId: string): Promise<'cancelled' | 'expired' | 'not_found'> {
+  /** `already_cancelled` keeps the first cancellation's time (the store's coalesce). */
+  async cancel(inboxId: string): Promise<'cancelled' | 'already_cancelled' | 'expired' | 'not_found'> {
     const now = this.#clock.now();
-    if (await this.#store.cancel(inboxId, now)) return 'cancelled';
+    const cancelled = await this.#store.cancel(inboxId, now);
+    if (cancelled)
+      return cancelled.cancelledAt?.getTime() === now.getTime() ? 'cancelled' : 'already_cancelled';
     return (await this.#store.find(inboxId)) ? 'expired' : 'not_found';
   }
 }
