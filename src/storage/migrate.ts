@@ -23,7 +23,18 @@ const source: Knex.MigrationSource<string> = {
 };
 
 export function createKnex(connectionString: string): Knex {
-  return knexFactory({ client: 'pg', connection: connectionString, pool: { min: 0, max: 2 } });
+  return knexFactory({
+    client: 'pg',
+    connection: connectionString,
+    pool: { min: 0, max: 2 },
+    // knex writes "Acquire connection error" with a stack (on stdout) before the same error is thrown, which the
+    // caller reports in one line (inboxctl, the `migrated` step of main.ts); other warnings go through.
+    log: {
+      warn(message: string) {
+        if (!String(message).startsWith('Acquire connection error')) console.warn(message);
+      },
+    },
+  });
 }
 
 /** Applies every pending migration; returns the names applied. */
