@@ -170,7 +170,8 @@ export class Database {
       await this.pool.query('SELECT 1');
       return;
     }
-    const client = new pg.Client({ connectionString: this.#connectionString });
+    // Bounded, so probes every few seconds against a server that does not answer do not pile up.
+    const client = new pg.Client({ connectionString: this.#connectionString, connectionTimeoutMillis: 2000 });
     client.on('error', () => {});
     try {
       await client.connect();
