@@ -1,6 +1,6 @@
 /**
  * ensure-database - creates the database named in DATABASE_URL when it does not exist yet
- * (`make run` and `make test` call it; production creates its database by other means).
+ * (`make run`, `make migrate` and `make bench-api` call it; production creates its database by other means).
  */
 import pg from 'pg';
 import { ConfigError, loadConfig } from '../config/config.ts';
