@@ -13,9 +13,9 @@
  * Every entry but migrate also serves /metrics, /livez and /readyz on METRICS_HOST:METRICS_PORT
  * (src/ops/ops-server.ts), started once its daemons listen. Logs are JSON lines on stdout (src/log.ts).
  *
- * SIGTERM or SIGINT: readiness turns 503 at once; Postfix stops first (`all`), then every daemon at once
- * stops accepting and finishes what it has in flight for up to SHUTDOWN_GRACE_SECONDS (see each daemon's header; the job schedule stops after its current batch);
- * then the pool and the metrics server close and the process exits 0. Should that take more than the
+ * SIGTERM or SIGINT: readiness turns 503 at once; Postfix stops first (`all`), then every daemon at
+ * once stops accepting and finishes what it has in flight for up to SHUTDOWN_GRACE_SECONDS (see each
+ * daemon's header; the job schedule stops after its current batch); then the pool and the metrics server close and the process exits 0. Should that take more than the
  * grace plus 10 s, or a second signal come, the process exits 1 at once.
  */
 import { dirname } from 'node:path';

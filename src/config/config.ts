@@ -240,8 +240,7 @@ function metricsPort(env: Env, name: string): number | 'off' | undefined {
  * for the 512-byte reply line. A line break would end the policy daemon's reply early and makes the
  * milter answer a temporary failure instead of the refusal.
  */
-function replyText(env: Env, name: string, fallback: string): string {
-  const value = text(env, name, fallback);
+function replyText(name: string, value: string): string {
   if (!/^[\x20-\x7e]{1,200}$/.test(value)) {
     throw new ConfigError(name, `must be 1 to 200 printable ASCII characters (got ${JSON.stringify(value)})`);
   }
@@ -333,7 +332,7 @@ export function loadConfig(env: Env = process.env): Config {
     ),
     mailDomain,
     // The default is abuse@MAIL_DOMAIN, a host name already checked: only a value set is limited.
-    abuseContact: env.ABUSE_CONTACT ? replyText(env, 'ABUSE_CONTACT', '') : `abuse@${mailDomain}`,
+    abuseContact: env.ABUSE_CONTACT ? replyText('ABUSE_CONTACT', env.ABUSE_CONTACT) : `abuse@${mailDomain}`,
     secretKey,
     runDir: text(env, 'RUN_DIR', '.run'),
     unitSeconds,

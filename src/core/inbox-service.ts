@@ -156,10 +156,10 @@ export class InboxService {
   }
 
   /**
-   * Operator action: cancel for abuse. A live inbox is cancelled (again: harmless); an expired one is
-   * left as it is (until 2026-11-25 cancelling it purged it at once, taking the agent's final view).
+   * Operator action: cancel for abuse. A live inbox is cancelled; one cancelled before is
+   * `already_cancelled` and keeps its first cancellation's time (the store's coalesce); an expired one
+   * is left as it is (until 2026-11-25 cancelling it purged it at once, taking the agent's final view).
    */
-  /** `already_cancelled` keeps the first cancellation's time (the store's coalesce). */
   async cancel(inboxId: string): Promise<'cancelled' | 'already_cancelled' | 'expired' | 'not_found'> {
     const now = this.#clock.now();
     const cancelled = await this.#store.cancel(inboxId, now);

@@ -132,10 +132,10 @@ export function printable(text: string): string {
 
 /** printable(), cut to MAX_FIELD_CHARS (not inside a surrogate pair). */
 function clean(text: string): string {
-  const noNul = printable(text);
-  if (noNul.length <= MAX_FIELD_CHARS) return noNul;
-  const cut = noNul.charCodeAt(MAX_FIELD_CHARS - 1);
-  return noNul.slice(0, cut >= 0xd800 && cut <= 0xdbff ? MAX_FIELD_CHARS - 1 : MAX_FIELD_CHARS);
+  const printed = printable(text);
+  if (printed.length <= MAX_FIELD_CHARS) return printed;
+  const cut = printed.charCodeAt(MAX_FIELD_CHARS - 1);
+  return printed.slice(0, cut >= 0xd800 && cut <= 0xdbff ? MAX_FIELD_CHARS - 1 : MAX_FIELD_CHARS);
 }
 
 /** RFC 2047 decoding; a malformed encoded word or unknown charset leaves the text as written. */

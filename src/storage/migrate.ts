@@ -27,8 +27,8 @@ export function createKnex(connectionString: string): Knex {
     client: 'pg',
     connection: connectionString,
     pool: { min: 0, max: 2 },
-    // knex writes "Acquire connection error" with a stack (on stdout) before the same error is thrown, which the
-    // caller reports in one line (inboxctl, the `migrated` step of main.ts); other warnings go through.
+    // knex writes "Acquire connection error" with a stack (on stdout) before it throws the same error,
+    // which the caller reports in one line (inboxctl, main.ts's migrate step); other warnings go through.
     log: {
       warn(message: string) {
         if (!String(message).startsWith('Acquire connection error')) console.warn(message);

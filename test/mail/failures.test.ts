@@ -17,18 +17,20 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { once } from 'node:events';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Socket } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { promisify } from 'node:util';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { asAdmin } from '../support/database.ts';
 import { allowConnections, endSessions } from '../support/database-outage.ts';
 import { CLIENTS } from '../support/dns-zone.ts';
-import { MAIL_DOMAIN, type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
-import { startSenderPostfix } from '../support/sender-postfix.ts';
+import {
+  MAIL_DOMAIN,
+  type MailStack,
+  plainMessage,
+  startMailStack,
+  startRetryingSender,
+} from '../support/mail-stack.ts';
 import {
   queuedAs,
   type Reply,
@@ -293,15 +295,7 @@ test('a real sending MTA turned away with a 4xx while Postgres is down delivers 
   // The sessions refused during the outage above are the test's own; here a second Postfix plays the
   // sender, as on the Internet: it keeps the message and retries (DESIGN table review).
   const inbox = await s.provision();
-  const runDir = await mkdtemp(join(tmpdir(), 'failures-sender-'));
-  await chmod(runDir, 0o711); // the postfix user must reach the sender's queue below it
-  const sender = await startSenderPostfix({
-    runDir,
-    relayHost: '127.0.0.1',
-    relayPort: s.smtpPort,
-    backoffSeconds: 2,
-    resolvConf: s.dns.resolvConfPath,
-  });
+  const sender = await startRetryingSender(s, 'failures-sender');
   try {
     const message = plainMessage({
       to: inbox.address,
@@ -349,7 +343,6 @@ test('a real sending MTA turned away with a 4xx while Postgres is down delivers 
     assert.doesNotMatch(await sender.instance.maillog(), /status=bounced/);
   } finally {
     await sender.stop();
-    await rm(runDir, { recursive: true, force: true });
   }
 });
 

@@ -8,14 +8,11 @@
  * lax.test is unsigned with SPF `?all` and p=none, so its mail is never authenticated.
  */
 import assert from 'node:assert/strict';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { dkimSignFor } from '../support/dns-zone.ts';
-import { type MailStack, plainMessage, startMailStack } from '../support/mail-stack.ts';
-import { type SenderPostfix, startSenderPostfix } from '../support/sender-postfix.ts';
+import { type MailStack, plainMessage, startMailStack, startRetryingSender } from '../support/mail-stack.ts';
+import type { SenderPostfix } from '../support/sender-postfix.ts';
 import { SmtpClient, sendMail } from '../support/smtp-client.ts';
 
 const NOT_ALLOWED = '451 4.7.1 svc.test: sender not allowed by this inbox, try again later';
@@ -23,31 +20,18 @@ const SEPARATE = 'Recipient address rejected: svc.test: send this recipient in a
 
 let s: MailStack;
 let sender: SenderPostfix | undefined;
-let runDir: string | undefined;
 
 before(async () => {
   // The waits below poll the API every 100 ms while the fake clock stands still (no refill).
   s = await startMailStack({ env: { POLL_RATE_BURST: '100000' } });
-  runDir = await mkdtemp(join(tmpdir(), 'sender-domains-'));
-  await chmod(runDir, 0o711); // the postfix user must reach the sender's queue below it
-  sender = await startSenderPostfix({
-    runDir,
-    relayHost: '127.0.0.1',
-    relayPort: s.smtpPort,
-    backoffSeconds: 2,
-    resolvConf: s.dns.resolvConfPath,
-  });
+  sender = await startRetryingSender(s, 'sender-domains');
 });
 
 after(async () => {
   try {
     await sender?.stop();
   } finally {
-    try {
-      await s?.close();
-    } finally {
-      if (runDir) await rm(runDir, { recursive: true, force: true });
-    }
+    await s?.close();
   }
 });
 

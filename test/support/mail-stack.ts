@@ -4,7 +4,7 @@
  * over a fresh database (test/support/harness.ts). Mail is sent with real SMTP from 127.x addresses.
  * Only the clock (the API harness's) and DNS (dnsmasq) are stand-ins.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -20,7 +20,7 @@ import type { InboxChangeFeed } from '../../src/storage/inbox-changes.ts';
 import { testZone } from './dns-zone.ts';
 import { type Dnsmasq, startDnsmasq } from './dnsmasq.ts';
 import { type Harness, startHarness } from './harness.ts';
-import { freePort } from './sender-postfix.ts';
+import { freePort, type SenderPostfix, startSenderPostfix } from './sender-postfix.ts';
 import { sendMail, type Transaction, type TransactionReplies } from './smtp-client.ts';
 
 export const MAIL_DOMAIN = 'svc.test';
@@ -173,4 +173,27 @@ export function plainMessage(fields: {
     '',
   ];
   return Buffer.from(lines.join('\r\n'));
+}
+
+/**
+ * A second Postfix playing the sending MTA for `stack`: it relays to the stack's SMTP port from a client
+ * address with a verified name and retries deferred mail every 2 s. stop() also removes its directory.
+ */
+export async function startRetryingSender(stack: MailStack, name: string): Promise<SenderPostfix> {
+  const runDir = await mkdtemp(join(tmpdir(), `${name}-`));
+  const removeDir = () => rm(runDir, { recursive: true, force: true });
+  try {
+    await chmod(runDir, 0o711); // the postfix user must reach the sender's queue below it
+    const sender = await startSenderPostfix({
+      runDir,
+      relayHost: '127.0.0.1',
+      relayPort: stack.smtpPort,
+      backoffSeconds: 2,
+      resolvConf: stack.dns.resolvConfPath,
+    });
+    return { ...sender, stop: () => sender.stop().finally(removeDir) };
+  } catch (error) {
+    await removeDir();
+    throw error;
+  }
 }
