@@ -19,6 +19,7 @@ export const REQUIRED_VALUES = {
   MAIL_DOMAIN: 'inbox.example.test',
   SECRET_KEY: 'k'.repeat(40),
   POSTGRES_PASSWORD: 'compose-test-password',
+  PUBLIC_BASE_URL: 'https://inbox-api.example.test',
 };
 
 export interface Healthcheck {

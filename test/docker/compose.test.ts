@@ -249,9 +249,13 @@ describe('docker/compose.yaml', () => {
   });
 
   test('stop_grace_period outlasts the daemons own shutdown bound, so Docker never kills one', () => {
+    // The stack sets the grace itself: a larger one in docker/.env (which reaches every service
+    // container) would outlast stop_grace_period and get the daemon killed mid-delivery.
+    const envFile = { ...operatorEnv(), SHUTDOWN_GRACE_SECONDS: '120' };
     for (const name of ['api', 'policy', 'milter', 'lmtp', 'jobs']) {
       const s = service(name);
-      const grace = Number(containerEnvironment(s).SHUTDOWN_GRACE_SECONDS || 30);
+      assert.match(s.environment?.SHUTDOWN_GRACE_SECONDS ?? '', /^\d+$/, `${name}: compose sets the grace`);
+      const grace = loadConfig(containerEnvironment(s, envFile)).shutdownGraceSeconds;
       const period = Number(/^(\d+)s$/.exec(s.stop_grace_period ?? '')?.[1] ?? 10);
       assert.ok(period > grace + 10, `${name}: stop_grace_period ${period} s > ${grace} s grace + 10 s`);
     }
@@ -314,20 +318,32 @@ describe('docker/compose.yaml', () => {
     }
   });
 
-  test('publishes only the API, on loopback port 8080 (plain HTTP, for a TLS proxy), and SMTP on 25', () => {
+  test('publishes only the API, on loopback port 8080 (plain HTTP, for a TLS proxy), and SMTP on IPv4 port 25', () => {
     const published = Object.entries(services)
       .filter(([, s]) => s.ports)
       .map(([name, s]) => [name, s.ports]);
+    // SMTP on IPv4 only: an IPv6 client would come through docker-proxy from the bridge's gateway,
+    // which has no PTR, and get a permanent 550 at connect.
     assert.deepEqual(published, [
       ['api', ['127.0.0.1:8080:8080']],
-      ['postfix', ['25:25']],
+      ['postfix', ['0.0.0.0:25:25']],
     ]);
     const env = { ...operatorEnv(), API_PUBLISH: '127.0.0.1:8081', SMTP_PUBLISH: '2525' };
     assert.deepEqual(loadCompose(env).services.api?.ports, ['127.0.0.1:8081:8080']);
     assert.deepEqual(loadCompose(env).services.postfix?.ports, ['2525:25']);
-    // An env file without the line keeps the API on loopback too (compose.yaml's own default).
-    const unset = { ...operatorEnv(), API_PUBLISH: undefined };
+    // An env file without the lines keeps the same defaults (compose.yaml's own).
+    const unset = { ...operatorEnv(), API_PUBLISH: undefined, SMTP_PUBLISH: undefined };
     assert.deepEqual(loadCompose(unset).services.api?.ports, ['127.0.0.1:8080:8080']);
+    assert.deepEqual(loadCompose(unset).services.postfix?.ports, ['0.0.0.0:25:25']);
+  });
+
+  test("the API's public base URL is the operator's, not a default", () => {
+    const api = loadConfig(containerEnvironment(service('api')));
+    assert.equal(api.publicBaseUrl, REQUIRED_VALUES.PUBLIC_BASE_URL);
+    assert.throws(
+      () => loadCompose({ ...operatorEnv(), PUBLIC_BASE_URL: '' }),
+      /required variable PUBLIC_BASE_URL is missing a value/,
+    );
   });
 
   test('keeps the database and the mail queue in named volumes, where the images keep them', () => {
@@ -372,7 +388,7 @@ describe('docker/compose.yaml', () => {
       .filter(([, u]) => u.required)
       .map(([name]) => name)
       .sort();
-    assert.deepEqual(required, ['MAIL_DOMAIN', 'POSTGRES_PASSWORD']);
+    assert.deepEqual(required, ['MAIL_DOMAIN', 'POSTGRES_PASSWORD', 'PUBLIC_BASE_URL']);
     for (const name of Object.keys(REQUIRED_VALUES))
       assert.equal(example[name], '', `${name} is left for the operator`);
     assert.throws(

@@ -151,8 +151,11 @@ describe('docker/start/postfix.sh', () => {
       POLICY_PORT: closed,
       MILTER_PORT: closedMilter,
     };
-    const health = () =>
-      script('postfix-health.sh', [], { POSTFIX_CONFIG_DIRECTORY: dirs.POSTFIX_CONFIG_DIRECTORY });
+    const health = (smtpPort = port) =>
+      script('postfix-health.sh', [], {
+        POSTFIX_CONFIG_DIRECTORY: dirs.POSTFIX_CONFIG_DIRECTORY,
+        SMTP_PORT: String(smtpPort),
+      });
     const child = spawn(join(START, 'postfix.sh'), [], { env: { PATH, ...env }, stdio: 'ignore' });
     const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
     try {
@@ -165,7 +168,12 @@ describe('docker/start/postfix.sh', () => {
       assert.equal(ehlo.code, 250);
       // No milter answers: Postfix applies milter_default_action, never an unchecked 250.
       assert.match(mail.text, /^451 4\.7\.1 /);
-      assert.equal((await health()).code, 0, 'healthy while the master runs');
+      assert.equal((await health()).code, 0, 'healthy while the master runs and listens');
+      // A master whose SMTP port is not listening (bind failed, smtp service gone) is not healthy.
+      const idle = await freePort();
+      const notListening = await health(idle);
+      assert.equal(notListening.code, 1);
+      assert.equal(notListening.stderr, `postfix-health: nothing listens on port ${idle}\n`);
     } finally {
       await new Promise((resolve) =>
         execFile('postfix', ['-c', dirs.POSTFIX_CONFIG_DIRECTORY, 'stop'], resolve),
