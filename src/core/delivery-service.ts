@@ -101,8 +101,8 @@ type Outcome = StoreOutcome | { kind: 'discarded' | 'failed' | 'too_many' };
 export const DEFAULT_PARALLEL_STORES = 8;
 /** Postfix queue ids are alphanumeric (long ids: up to 16 characters); anything printable is taken. */
 const QUEUE_ID = /^[\x21-\x7e]{1,64}$/;
-const DEFAULT_STALL_MS = 60_000;
-const DEFAULT_STORE_DEADLINE_MS = 180_000;
+export const DEFAULT_STALL_MS = 60_000;
+export const DEFAULT_STORE_DEADLINE_MS = 180_000;
 /** storage/message-store.ts CHUNK_BYTES and one byte (a test ties them). */
 export const DEFAULT_READ_AHEAD_BYTES = 256 * 1024 + 1;
 

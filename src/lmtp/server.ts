@@ -5,8 +5,8 @@
  * Listens on:  the given Listen (TCP, port 0 picks a free port; or a unix socket, whose stale file is
  *              removed first; a live one is left alone and listening fails with EADDRINUSE).
  * Reads:       LHLO, XFORWARD (only IDENT is used: Postfix's queue id, the idempotency key; NAME and HELO
- *              are left out, xforward.ts), MAIL (any reverse-path Postfix sends, mail-from.ts), RCPT,
- *              DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size,
+ *              are left out, xforward.ts), MAIL (any reverse-path Postfix sends, mail-from.ts), RCPT
+ *              (at most MAX_RECIPIENTS per transaction; the domain as Postfix sent it), DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size,
  *              and a refusal here would be a 5xx after queueing (DESIGN decision 1).
  * Decides:     nothing; each DATA goes to handler.deliver, which owns the data stream from then on.
  * Writes:      one reply per accepted RCPT, in RCPT order, duplicates included (RFC 2033 section 4.2):
@@ -24,6 +24,7 @@
  */
 
 import type { Socket } from 'node:net';
+import { domainToASCII } from 'node:url';
 import {
   SMTPServer,
   type SMTPServerDataResult,
@@ -43,6 +44,22 @@ import { smtpServerVersion } from './smtp-server-patch.ts';
 import { xforwardReader } from './xforward.ts';
 
 export const CLOSE_GRACE_MS = 30_000;
+
+/**
+ * How long a connection may go without a byte from Postfix (ms): smtp-server's default, 60 s, cut off
+ * a message over the read-ahead that waited that long for a store slot (its bytes stop flowing while
+ * it waits, and smtp-server answered `421 Timeout`), below the store's own bounds (stallMs 60 s,
+ * storeDeadlineMs 180 s). Postfix's lmtp_data_done_timeout, the longest it waits for us, is 600 s; an
+ * idle cached connection is closed by Postfix long before (lmtp_connection_cache_time_limit, 2 s).
+ */
+export const SOCKET_TIMEOUT_MS = 600_000;
+
+/**
+ * Recipients per transaction (duplicates counted): Postfix sends at most
+ * lmtp_destination_recipient_limit (8, postfix/main.cf); the bound keeps a peer that sends RCPT
+ * without end from growing a list without end. Past it: `452 4.5.3` (try later), never a 5xx.
+ */
+export const MAX_RECIPIENTS = 1000;
 
 /** Reply when the handler failed or answered something the receiver must not send (DESIGN decision 1). */
 const TEMPORARY_FAILURE = { code: 451, dsn: '4.3.0', text: 'temporary failure, try again later' } as const;
@@ -70,6 +87,22 @@ export interface LmtpServerOptions {
   /** Only logged when exceeded: Postfix enforced the limit, refusing now would be backscatter. */
   maxMessageBytes: number;
   closeGraceMs?: number;
+  /** Default SOCKET_TIMEOUT_MS. */
+  socketTimeoutMs?: number;
+}
+
+/**
+ * The recipient as Postfix sent it: smtp-server hands RCPT's address over with its domain turned into
+ * Unicode (punycode.toUnicode), so with an IDN MAIL_DOMAIN (`xn--bcher-kva.example`) every recipient
+ * looked like another domain's and was answered `250 not stored: no such inbox`, the message lost.
+ * The domain goes back to its ASCII form (A-labels, lower case), as the policy daemon and the milter
+ * saw it; a domain that has none is left as it came.
+ */
+export function recipientAddress(address: string): string {
+  const at = address.lastIndexOf('@');
+  if (at < 0) return address;
+  const ascii = domainToASCII(address.slice(at + 1));
+  return ascii ? `${address.slice(0, at + 1)}${ascii}` : address;
 }
 
 /** One reply for smtp-server's per-recipient array: a string is sent after `250 `, an Error as its code. */
@@ -108,6 +141,7 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     // ENVID to itself (no notice ever leaves), so smtp-server's checks of their syntax cannot refuse a
     // queued message with a 501.
     hideDSN: true,
+    socketTimeout: options.socketTimeoutMs ?? SOCKET_TIMEOUT_MS,
     // close() below sends our 421 at the end of the grace; smtp-server's own is only a fallback.
     closeTimeout: graceMs + 5_000,
     // Every sender is taken (the milter decided before queueing); answered at once, not after
@@ -123,7 +157,11 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
     },
     onRcptTo(address, session, callback) {
       const list = accepted.get(session.envelope) ?? [];
-      list.push(address.address);
+      if (list.length >= MAX_RECIPIENTS) {
+        const error = new Error(`4.5.3 too many recipients, send the others in another transaction`);
+        return callback(Object.assign(error, { responseCode: 452 }));
+      }
+      list.push(recipientAddress(address.address));
       accepted.set(session.envelope, list);
       callback();
     },
@@ -154,7 +192,8 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
   ): Promise<SMTPServerDataResult[]> {
     const queueId = idents.get(session.envelope) ?? null;
     const envelopeFrom = session.envelope.mailFrom ? session.envelope.mailFrom.address : '';
-    const recipients = accepted.get(session.envelope) ?? session.envelope.rcptTo.map((r) => r.address);
+    const recipients =
+      accepted.get(session.envelope) ?? session.envelope.rcptTo.map((r) => recipientAddress(r.address));
     let verdicts: DeliveryVerdict[] = [];
     try {
       verdicts = await handler.deliver({ queueId, envelopeFrom, recipients }, stream);

@@ -7,10 +7,14 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { createTransport } from 'nodemailer';
 import pg from 'pg';
-import { DEFAULT_READ_AHEAD_BYTES } from '../../src/core/delivery-service.ts';
+import {
+  DEFAULT_READ_AHEAD_BYTES,
+  DEFAULT_STALL_MS,
+  DEFAULT_STORE_DEADLINE_MS,
+} from '../../src/core/delivery-service.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import type { MessageStore } from '../../src/core/ports.ts';
-import type { LmtpServer } from '../../src/lmtp/server.ts';
+import { type LmtpServer, MAX_RECIPIENTS, SOCKET_TIMEOUT_MS } from '../../src/lmtp/server.ts';
 import type { LogLine } from '../../src/log.ts';
 import { CHUNK_BYTES } from '../../src/storage/message-store.ts';
 import { iso } from '../support/assertions.ts';
@@ -167,6 +171,55 @@ test('a recipient that is not a live inbox is answered 250 and nothing is stored
     { inbox_id: inbox.inbox_id },
   ]);
   assert.ok(logs.some((l) => l.msg === 'recipient not stored: no such inbox' && l.queue_id === queueId));
+});
+
+test('with an IDN mail domain (A-labels) the recipient is the inbox, though smtp-server hands its domain over in Unicode', async () => {
+  const inbox = await h.provision();
+  const idn = await startTestReceiver(h, { settings: { mailDomain: 'xn--bcher-kva.example' } });
+  try {
+    const queueId = ident();
+    const { replies } = await deliverRaw(
+      { port: idn.port as number },
+      {
+        ident: queueId,
+        from: 'a@example.org',
+        to: [`${inbox.inbox_id}@xn--bcher-kva.example`, `${inbox.inbox_id}@XN--BCHER-KVA.example`],
+        body: 'Subject: idn\r\n\r\nbody\r\n',
+      },
+    );
+    const [message] = await poll(inbox);
+    assert.equal(message?.subject, 'idn');
+    const stored = `250 2.0.0 ${message?.message_id} stored`;
+    assert.deepEqual(replies, [stored, stored]);
+  } finally {
+    await idn.close();
+  }
+});
+
+test('recipients past MAX_RECIPIENTS in one transaction (duplicates counted) get 452 4.5.3, never a 5xx', async () => {
+  const inbox = await h.provision();
+  const client = await LmtpClient.connect({ port });
+  try {
+    await client.command('LHLO postfix.test');
+    await client.command('MAIL FROM:<a@example.org>');
+    const replies = new Set<string>();
+    for (let i = 0; i < MAX_RECIPIENTS; i++) replies.add(await client.command(`RCPT TO:<${address(inbox)}>`));
+    assert.deepEqual([...replies], ['250 Accepted']);
+    assert.equal(
+      await client.command(`RCPT TO:<${address(inbox)}>`),
+      '452 4.5.3 too many recipients, send the others in another transaction',
+    );
+    assert.match(await client.command('RSET'), /^250 /);
+  } finally {
+    await client.quit();
+  }
+});
+
+test("the receiver's idle timeout outlasts the store's own bounds, so a message waiting for a store slot is not cut off", () => {
+  assert.equal(lmtp.server.options.socketTimeout, SOCKET_TIMEOUT_MS);
+  // smtp-server's default (60 s) sent `421 Timeout` to a streamed message whose bytes stopped while it
+  // waited for a slot held by healthy stores (each may take up to the stall and store deadlines).
+  assert.ok(SOCKET_TIMEOUT_MS > DEFAULT_STALL_MS + DEFAULT_STORE_DEADLINE_MS);
 });
 
 test('a delivery into an inbox that has ended is answered 250 saying so, never "stored", and counted apart', async () => {
