@@ -22,6 +22,7 @@ import type {
   MilterHandler,
   MilterHeader,
 } from '../milter/handler.ts';
+import { LOCK_TIMEOUT_MS } from '../storage/database.ts';
 import { verifiableHeaders } from './signature-limits.ts';
 
 const AUTH_RESULTS = 'authentication-results';
@@ -37,22 +38,36 @@ export const WITHDRAW_RETRY_MS: readonly number[] = [
   1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000,
 ];
 
+/**
+ * How long after a reservation call that failed its statement may still commit (ms): the connection
+ * can break while PostgreSQL's backend waits for the inbox row's lock (lock_timeout, LOCK_TIMEOUT_MS)
+ * or runs; the backend does not notice the lost client and commits afterwards. A withdrawal made at
+ * once then found nothing, and the reservation committed after it held its bytes until the clean-up
+ * job, six days later (a retry could meet `555 mailbox quota exceeded`). So the reservations of a
+ * call that failed are withdrawn again this long after, with their decision kept open meanwhile (its
+ * keys stay in the heartbeat: if this process dies first, the orphan sweep takes them).
+ */
+export const RESERVATION_SETTLE_MS = 2 * LOCK_TIMEOUT_MS + 10_000;
+
 export class MilterCheck implements MilterHandler {
   readonly #admission: MessageAdmission;
   readonly #authenticator: Authenticator;
   readonly #authservId: string;
   readonly #withdrawRetryMs: readonly number[];
+  readonly #settleMs: number;
 
   constructor(
     admission: MessageAdmission,
     authenticator: Authenticator,
     authservId: string,
     withdrawRetryMs = WITHDRAW_RETRY_MS,
+    settleMs = RESERVATION_SETTLE_MS,
   ) {
     this.#admission = admission;
     this.#authenticator = authenticator;
     this.#authservId = authservId.toLowerCase();
     this.#withdrawRetryMs = withdrawRetryMs;
+    this.#settleMs = settleMs;
   }
 
   beginMessage(envelope: MilterEnvelope, headers: MilterHeader[]): MessageConsumer {
@@ -82,6 +97,8 @@ export class MilterCheck implements MilterHandler {
     // Nothing more to give: mailauth may work (DNS, DMARC) while the body is still arriving.
     if (!readsBody) stream.end();
     let decision: Decision | undefined;
+    /** The reservation call failed: its statement may still commit (RESERVATION_SETTLE_MS). */
+    let unsettled = false;
 
     return {
       body: async (chunk) => {
@@ -94,22 +111,28 @@ export class MilterCheck implements MilterHandler {
         // Open from before the reservation until the answer reached the MTA or it was withdrawn
         // (core/reservation-ledger.ts): a process that dies meanwhile leaves it to the orphan sweep.
         decision = this.#admission.open(envelope.recipients);
-        const outcome = await this.#admission.admit(
-          {
-            queueId: envelope.queueId,
-            envelopeFrom: envelope.envelopeFrom,
-            recipients: envelope.recipients,
-            sizeBytes,
-            internetMessageId: firstValue(headers, 'message-id'),
-            auth: verdict,
-            trace: {
-              helo: envelope.helo,
-              clientName: envelope.clientName,
-              clientAddress: envelope.clientAddress,
+        let outcome: Awaited<ReturnType<MessageAdmission['admit']>>;
+        try {
+          outcome = await this.#admission.admit(
+            {
+              queueId: envelope.queueId,
+              envelopeFrom: envelope.envelopeFrom,
+              recipients: envelope.recipients,
+              sizeBytes,
+              internetMessageId: firstValue(headers, 'message-id'),
+              auth: verdict,
+              trace: {
+                helo: envelope.helo,
+                clientName: envelope.clientName,
+                clientAddress: envelope.clientAddress,
+              },
             },
-          },
-          decision,
-        );
+            decision,
+          );
+        } catch (error) {
+          unsettled = true;
+          throw error;
+        }
         // A refusal reserved nothing (the reservation is all or none, and the last step).
         if (outcome.kind !== 'accept') decision.close();
         return { verdict: outcome, edits: this.#edits(headers, verdict) };
@@ -121,21 +144,29 @@ export class MilterCheck implements MilterHandler {
       undelivered: async () => {
         // Closed only once withdrawn: if this process dies first, its heartbeat names these keys, and
         // the orphan sweep releases them (orphan-sweep.ts).
-        const withdraw = async () => {
-          await this.#admission.withdraw(decision?.keys ?? []);
-          decision?.close();
-        };
-        for (const wait of this.#withdrawRetryMs) {
-          try {
-            return await withdraw();
-          } catch {
-            // Pending timers must not hold a stopping process open: what is left then is the job's.
-            await sleep(wait, undefined, { ref: false });
-          }
+        const withdraw = () => this.#admission.withdraw(decision?.keys ?? []);
+        await this.#retried(withdraw);
+        if (unsettled) {
+          await sleep(this.#settleMs, undefined, { ref: false });
+          await this.#retried(withdraw);
         }
-        await withdraw();
+        decision?.close();
       },
     };
+  }
+
+  /** Runs `attempt` until it goes through, waiting #withdrawRetryMs between tries; the last failure throws. */
+  async #retried(attempt: () => Promise<unknown>): Promise<void> {
+    for (const wait of this.#withdrawRetryMs) {
+      try {
+        await attempt();
+        return;
+      } catch {
+        // Pending timers must not hold a stopping process open: what is left then is the job's.
+        await sleep(wait, undefined, { ref: false });
+      }
+    }
+    await attempt();
   }
 
   /** Delete every Authentication-Results field claiming our authserv-id, then insert ours at the top. */

@@ -8,10 +8,15 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
+import pg from 'pg';
+import { TOKENS } from '../../src/container.ts';
 import type { ProvisionedInbox } from '../../src/core/inbox-service.ts';
 import { loadMailauth } from '../../src/mail/mailauth-authenticator.ts';
 import type { MilterCheck } from '../../src/mail/milter-check.ts';
+import { RESERVATION_SETTLE_MS } from '../../src/mail/milter-check.ts';
 import type { MilterHeader } from '../../src/milter/handler.ts';
+import { type Database, LOCK_TIMEOUT_MS } from '../../src/storage/database.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { scalar } from '../support/jobs.ts';
 import { milterCheckOver, storeWith } from '../support/milter-check-over.ts';
@@ -97,6 +102,7 @@ test('a reservation that committed but whose call failed (the answer lost on the
       await target.reserveAll(reservations);
       throw new Error('Connection terminated unexpectedly');
     }),
+    settleMs: 20,
   });
   const consumer = failing.beginMessage(
     milterEnvelope({ queueId: 'QGHOST1', recipients: [inbox.address] }),
@@ -133,4 +139,64 @@ test('a withdrawal that fails (PostgreSQL still away) is tried again until it go
   assert.equal(failures, -1, 'two failed attempts, then one that went through');
   assert.equal(await used(inbox), 0);
   assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QOUTAGE1'`), 0);
+});
+
+test('a reservation whose connection broke while it waited for the inbox lock, and that committed after the withdrawal, is withdrawn again', async () => {
+  const inbox = await h.provision();
+  // Another transaction holds the inbox row, so the reservation waits for it inside PostgreSQL.
+  const locker = new pg.Client({ connectionString: h.database.url });
+  await locker.connect();
+  try {
+    await locker.query('BEGIN');
+    await locker.query('SELECT 1 FROM inboxes WHERE inbox_id = $1 FOR UPDATE', [inbox.inbox_id]);
+    const settling = milterCheckOver(h, { settleMs: 1_500, withdrawRetryMs: [10, 10] });
+    const consumer = settling.beginMessage(
+      milterEnvelope({ queueId: 'QSETTLE1', recipients: [inbox.address] }),
+      headers,
+    );
+    await consumer.body(Buffer.from('body\r\n'));
+    const ending = consumer.end();
+    ending.catch(() => {});
+    // The connection breaks on our side only (a reset proxy, a flushed NAT entry): its backend waits on.
+    let waiting: number | undefined;
+    for (let i = 0; i < 200 && waiting === undefined; i++) {
+      const row = (
+        await locker.query<{ pid: number }>(
+          `SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
+        )
+      ).rows[0];
+      waiting = row?.pid;
+      if (waiting === undefined) await sleep(10);
+    }
+    assert.ok(waiting, 'the reservation waits for the inbox lock');
+    const clients = (
+      h.container.resolve<Database>(TOKENS.Database).pool as unknown as { _clients: pg.Client[] }
+    )._clients;
+    const reserving = clients.find((c) => (c as unknown as { processID: number }).processID === waiting);
+    assert.ok(reserving, "the pool's client of that backend");
+    (reserving as unknown as { connection: { stream: { destroy(): void } } }).connection.stream.destroy();
+    await assert.rejects(ending, /Connection terminated|ECONNRESET|EPIPE/);
+
+    // The MTA heard `t`; the withdrawal runs at once and finds nothing yet.
+    const undoing = consumer.undelivered();
+    await sleep(300);
+    await locker.query('COMMIT');
+    // The orphaned statement now commits its reservation.
+    let held = 0;
+    for (let i = 0; i < 100 && held === 0; i++) {
+      held = Number(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QSETTLE1'`));
+      if (held === 0) await sleep(10);
+    }
+    assert.equal(held, 1, 'the reservation committed after the withdrawal');
+
+    await undoing;
+    assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QSETTLE1'`), 0);
+    assert.equal(await used(inbox), 0);
+  } finally {
+    await locker.end();
+  }
+});
+
+test('the second withdrawal waits past the lock timeout a reservation statement can wait for', () => {
+  assert.ok(RESERVATION_SETTLE_MS > LOCK_TIMEOUT_MS);
 });

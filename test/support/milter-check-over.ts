@@ -27,6 +27,8 @@ export interface MilterCheckOptions {
   store?: MessageStore;
   ledger?: ReservationLedger;
   withdrawRetryMs?: readonly number[];
+  /** RESERVATION_SETTLE_MS for this check (a failed reservation call is withdrawn again after it). */
+  settleMs?: number;
 }
 
 export function milterCheckOver(h: Harness, options: MilterCheckOptions = {}): MilterCheck {
@@ -43,6 +45,7 @@ export function milterCheckOver(h: Harness, options: MilterCheckOptions = {}): M
     new MailauthAuthenticator(h.config.authservId, { resolve: resolveInZone } as unknown as CachingLookup),
     h.config.authservId,
     options.withdrawRetryMs,
+    options.settleMs,
   );
 }
 
