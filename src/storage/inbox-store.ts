@@ -222,10 +222,16 @@ export class PgInboxStore implements InboxStore {
       if (!row) return undefined;
       // Mail is deleted at once (contract section 3); chunks go, the rows stay as tombstones.
       await client.query(`DELETE FROM message_chunks WHERE inbox_id = $1`, [inboxId]);
+      // Every row locked above is ours. A row another transaction holds now was made after that lock
+      // (a reservation committed meanwhile, whose store has begun): waiting for it deadlocked, since
+      // that store waits for the inbox row this transaction holds. It is skipped: its store finds the
+      // inbox cancelled once this commits, and deletes it itself (finish_delivery_outcome).
       await client.query(
         `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $2),
            deleted_reason = coalesce(deleted_reason, 'cancelled')
-         WHERE inbox_id = $1 AND state <> 'deleted'`,
+         WHERE (inbox_id, message_id) IN (
+           SELECT inbox_id, message_id FROM messages WHERE inbox_id = $1 AND state <> 'deleted'
+           FOR UPDATE SKIP LOCKED)`,
         [inboxId, now],
       );
       return toInbox(row);

@@ -1,7 +1,8 @@
 /**
  * Cancelling an inbox takes its messages' rows before the inbox row (src/storage/inbox-store.ts
  * cancel), the order a store takes them in: a cancel racing a store waits for it instead of
- * deadlocking, and the stored message is deleted with the rest.
+ * deadlocking, and the stored message is deleted with the rest. A row made after the cancel took its
+ * rows, and held by its store, is skipped: that store deletes it once it sees the inbox cancelled.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -67,6 +68,84 @@ test('a cancel racing a store waits for it, then deletes its message: no deadloc
     );
     assert.deepEqual(rows, [{ state: 'deleted', chunks: 0 }]);
   } finally {
+    store.release();
+  }
+});
+
+test('a reservation committed while a cancel waits for a row, whose store begins meanwhile, is left to that store: no deadlock', async () => {
+  const inbox = await h.provision();
+  await h.deliver(inbox.inbox_id, 'Subject: first\r\n\r\nfirst\r\n');
+  const holder = await db.pool.connect();
+  const store = await db.pool.connect();
+  const waiters = async () =>
+    (
+      await db.rows<{ n: number }>(
+        'test-cancel-waiters',
+        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
+        [],
+      )
+    )[0]?.n;
+  try {
+    // A download or a job holds the stored message's row: the cancel's first step waits for it.
+    await holder.query('BEGIN');
+    await holder.query('SELECT 1 FROM messages WHERE inbox_id = $1 FOR UPDATE', [inbox.inbox_id]);
+    let settled = false;
+    const cancelled = new PgInboxStore(db).cancel(inbox.inbox_id, new Date());
+    cancelled.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
+    for (let waited = 0; (await waiters()) !== 1; waited += 20) {
+      assert.ok(waited < 5000, 'the cancel never waited');
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    // Meanwhile a message is reserved (the inbox row is free) and its store begins: it holds its row.
+    await db.rows(
+      'test-cancel-reserve-late',
+      `SELECT reserve_messages(ARRAY[$1], ARRAY['msg_cancel_late'], 'QCANCEL2', ARRAY[4::int8], 's@example.test', now())`,
+      [inbox.inbox_id],
+    );
+    await store.query('BEGIN');
+    await store.query(
+      `SELECT out_message_id FROM begin_delivery($1, 'msg_cancel_late', 'QCANCEL2', 's@example.test', now())`,
+      [inbox.inbox_id],
+    );
+    await store.query(
+      `INSERT INTO message_chunks (inbox_id, message_id, seq, data) VALUES ($1, 'msg_cancel_late', 0, 'body')`,
+      [inbox.inbox_id],
+    );
+    // The cancel goes on: it takes the inbox row, and must not wait for the store's message row.
+    await holder.query('COMMIT');
+    for (let waited = 0; !settled && (await waiters()) === 0 && waited < 5000; waited += 20)
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    // The store's second half takes the inbox row: it finds the inbox cancelled and keeps nothing.
+    const finished = await store.query<{ kind: string }>(
+      `SELECT finish_delivery_outcome($1, 'msg_cancel_late', 4, 262144, NULL, NULL, NULL, NULL, NULL, NULL, now()) AS kind`,
+      [inbox.inbox_id],
+    );
+    await store.query('COMMIT');
+
+    assert.ok(await cancelled, 'the cancel went through');
+    assert.equal(finished.rows[0]?.kind, 'cancelled');
+    const rows = await db.rows<{ state: string }>(
+      'test-cancel-late-after',
+      'SELECT state FROM messages WHERE inbox_id = $1',
+      [inbox.inbox_id],
+    );
+    assert.deepEqual(
+      rows.map((r) => r.state),
+      ['deleted', 'deleted'],
+    );
+    const chunks = await db.rows<{ n: number }>(
+      'test-cancel-late-chunks',
+      'SELECT count(*)::int AS n FROM message_chunks WHERE inbox_id = $1',
+      [inbox.inbox_id],
+    );
+    assert.equal(chunks[0]?.n, 0);
+  } finally {
+    await holder.query('ROLLBACK').catch(() => {});
+    await store.query('ROLLBACK').catch(() => {});
+    holder.release();
     store.release();
   }
 });
