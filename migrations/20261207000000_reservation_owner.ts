@@ -27,7 +27,7 @@
  */
 import type { Knex } from 'knex';
 
-const RESERVE_BODY = (owner: string) => `
+export const RESERVE_BODY = (owner: string) => `
     DECLARE
       v_quota int8;
       v_held int8;

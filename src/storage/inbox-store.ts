@@ -94,9 +94,11 @@ export class PgInboxStore implements InboxStore {
   > {
     return this.#db.transaction(async (client) => {
       // The row lock serializes extends of one inbox, so two requests with one key cannot both apply,
-      // and orders an extend after a cancel holding the row: the cancel, once committed, wins.
+      // and orders an extend after a cancel holding the row: the cancel, once committed, wins. NO KEY:
+      // a store that made its own message row holds KEY SHARE on the inbox while it streams, and need
+      // not hold an extend back (migration 20261208000000).
       const locked = await client.query<{ cancelled_at: Date | null }>(
-        'SELECT cancelled_at FROM inboxes WHERE inbox_id = $1 FOR UPDATE',
+        'SELECT cancelled_at FROM inboxes WHERE inbox_id = $1 FOR NO KEY UPDATE',
         [inboxId],
       );
       const cancelledAt = locked.rows[0]?.cancelled_at;

@@ -53,3 +53,35 @@ test('reservations from eight processes into one inbox at once: exactly as many 
     assert.equal(status.json.quota_used_bytes, reserved * SIZE, `round ${round}`);
   }
 });
+
+test('a store that made its own message row (no reservation) does not hold back reservations into its inbox while it streams', async () => {
+  const inbox = await h.provision();
+  const db = h.container.resolve<Database>(TOKENS.Database);
+  const store = await db.pool.connect();
+  try {
+    // begin_delivery inserts the row itself: the foreign key holds KEY SHARE on the inbox row until
+    // the store commits, which for a streamed message lasts while its bytes arrive.
+    await store.query('BEGIN');
+    await store.query(`SELECT * FROM begin_delivery($1, $2, 'QOWNROW1', 's@example.test', now())`, [
+      inbox.inbox_id,
+      newMessageId(),
+    ]);
+    const reserving = h.messages.reserve({
+      inboxId: inbox.inbox_id,
+      messageId: newMessageId(),
+      queueId: 'QOWNROW2',
+      sizeBytes: SIZE,
+      envelopeFrom: 's@example.test',
+      now: h.clock.now(),
+    });
+    let timer: NodeJS.Timeout | undefined;
+    const waited = new Promise<'waited'>((resolve) => {
+      timer = setTimeout(() => resolve('waited'), 3_000);
+    });
+    assert.equal(await Promise.race([reserving, waited]), 'reserved');
+    clearTimeout(timer);
+  } finally {
+    await store.query('ROLLBACK');
+    store.release();
+  }
+});
