@@ -138,10 +138,21 @@ function clean(text: string): string {
   return printed.slice(0, cut >= 0xd800 && cut <= 0xdbff ? MAX_FIELD_CHARS - 1 : MAX_FIELD_CHARS);
 }
 
+/**
+ * A B-encoded word whose text lacks its `=` padding (RFC 2047 wants it; some senders leave it out):
+ * libmime joins adjacent words of one charset before decoding, and unpadded pieces then shifted every
+ * later bit (`=?utf-8?B?YQ?= =?utf-8?B?Yg?=` read "a\x06 " instead of "ab"). Each gets its padding.
+ */
+const B_WORD = /=\?([^?\s]+)\?([Bb])\?([^?\s]*)\?=/g;
+const padded = (text: string) =>
+  text.replace(B_WORD, (word, charset: string, b: string, data: string) =>
+    data.length % 4 === 0 ? word : `=?${charset}?${b}?${data}${'='.repeat(4 - (data.length % 4))}?=`,
+  );
+
 /** RFC 2047 decoding; a malformed encoded word or unknown charset leaves the text as written. */
 function decodeWords(text: string): string {
   try {
-    return libmime.decodeWords(text);
+    return libmime.decodeWords(padded(text));
   } catch {
     return text;
   }

@@ -71,6 +71,13 @@ const CASES: [string, string | Buffer, string, MessageSummary][] = [
     's@x.test',
     summary(null, 's@x.test', 'Grüße aus\tBerlin', '<folded@example.org>'),
   ],
+  [
+    // RFC 2047 wants each B word padded; senders that leave it out still mean each word on its own
+    'adjacent B-encoded words without their padding decode each whole',
+    'From: =?utf-8?B?w6Q?= =?utf-8?B?w7Y?= <a@example.org>\r\nSubject: =?utf-8?B?YQ?= =?utf-8?B?Yg?=\r\n\r\n',
+    '',
+    summary('äö', 'a@example.org', 'ab'),
+  ],
   ['an empty subject is an empty string', 'Subject:\r\n\r\n', '', summary(null, null, '')],
   [
     'names are case-insensitive; the first of repeated fields wins',
