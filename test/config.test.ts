@@ -158,7 +158,8 @@ test('derived defaults follow the variables they come from', () => {
   // Protocol review: a line break reached the policy daemon's reply as a space and made the milter
   // answer a temporary failure; non-ASCII went out as UTF-8 in an SMTP reply.
   // The default (abuse@MAIL_DOMAIN) is not held to the limit: a long MAIL_DOMAIN still starts.
-  const longDomain = [...Array(4).fill('a'.repeat(60)), 'test'].join('.');
+  const longDomain = [...Array(3).fill('a'.repeat(60)), 'a'.repeat(44), 'test'].join('.');
+  assert.equal(longDomain.length, 232);
   assert.equal(loadConfig({ MAIL_DOMAIN: longDomain }).abuseContact, `abuse@${longDomain}`);
   for (const value of ['abuse@svc.test\r\n250 ok', 'Missbrauch → abuse@svc.test', 'x'.repeat(201)]) {
     assert.throws(
@@ -214,6 +215,11 @@ const BAD_VALUES: [string, string][] = [
   ['API_PORT', '80.5'],
   ['MAIL_DOMAIN', 'not a domain'],
   ['MAIL_DOMAIN', 'bad-.example'],
+  // Names the receiver could not recognise in its recipients (smtp-server turns A-labels into Unicode).
+  ['MAIL_DOMAIN', 'xn--abc.example'],
+  ['MAIL_DOMAIN', '127.1'],
+  ['MAIL_DOMAIN', 'inbox.123'],
+  ['MAIL_DOMAIN', [...Array(3).fill('a'.repeat(60)), 'a'.repeat(45), 'test'].join('.')],
   ['PUBLIC_BASE_URL', 'api.example.com'],
   ['PUBLIC_BASE_URL', 'ftp://api.example.com'],
   ['SECRET_KEY', 'x'.repeat(31)],

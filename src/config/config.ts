@@ -4,7 +4,10 @@
  * Every variable the README's configuration table lists is read here and nowhere else. A bad value
  * stops the process with a message naming the variable (DESIGN "Where configuration lives").
  */
+
+import { createRequire } from 'node:module';
 import { isIP, isIPv4, isIPv6 } from 'node:net';
+import { domainToASCII } from 'node:url';
 import Type from 'typebox';
 import { Compile } from 'typebox/compile';
 import { LOG_LEVELS, type LogLevel } from '../log.ts';
@@ -301,6 +304,22 @@ function sweepInterval(env: Env, name: string, fallback: number): number {
   return value;
 }
 
+// smtp-server's own conversion of a recipient's domain (the same package and version it uses).
+const punycode = createRequire(import.meta.url)('punycode.js') as { toUnicode(domain: string): string };
+
+/**
+ * Whether a domain comes back as itself after smtp-server's punycode.toUnicode and the receiver's
+ * domainToASCII: not `xn--abc.example` (no valid A-label: `.example`), `xn--9999.example` (throws),
+ * `127.1` (an address) or `inbox.123`.
+ */
+function survivesUnicode(domain: string): boolean {
+  try {
+    return domainToASCII(punycode.toUnicode(domain)) === domain;
+  } catch {
+    return false;
+  }
+}
+
 /** Reads and checks the environment. Throws ConfigError naming the first bad variable. */
 export function loadConfig(env: Env = process.env): Config {
   const environment = oneOf(env, 'ENVIRONMENT', ['dev', 'prod'] as const, 'dev');
@@ -312,6 +331,14 @@ export function loadConfig(env: Env = process.env): Config {
   const mailDomain = text(env, 'MAIL_DOMAIN', prod ? undefined : 'localhost').toLowerCase();
   if (!HOST_NAME.test(mailDomain))
     throw new ConfigError('MAIL_DOMAIN', `must be a domain name (got "${mailDomain}")`);
+  // The receiver gets each recipient's domain from smtp-server in Unicode and turns it back into
+  // A-labels (src/lmtp/server.ts): a name that does not survive that (`xn--abc.example` is no valid
+  // A-label, `127.1` reads as an address) would have every message answered 250 and stored nowhere.
+  if (!survivesUnicode(mailDomain))
+    throw new ConfigError('MAIL_DOMAIN', `must be a domain name in its ASCII form (got "${mailDomain}")`);
+  // An address is the 20-character inbox id, `@` and the domain; smtp-server refuses a path over 253.
+  if (mailDomain.length > 232)
+    throw new ConfigError('MAIL_DOMAIN', `must be at most 232 characters (got ${mailDomain.length})`);
   const secretKey = env.SECRET_KEY === undefined || env.SECRET_KEY === '' ? undefined : env.SECRET_KEY;
   if (secretKey !== undefined && secretKey.length < 32) {
     throw new ConfigError('SECRET_KEY', 'must be at least 32 characters');

@@ -16,7 +16,7 @@
 import { isUtf8 } from 'node:buffer';
 import { isIP } from 'node:net';
 import { domainToASCII } from 'node:url';
-import { domainsAlign, plainDomain } from './mail-address.ts';
+import { asciiDomain, domainsAlign, plainDomain } from './mail-address.ts';
 import { headerFields } from './message-summary.ts';
 import type { Authentication } from './model.ts';
 
@@ -196,7 +196,10 @@ export function claimsAuthservId(raw: string, ours: string): boolean {
     // Normalizing a long token costs milliseconds (a 54 KB field) and cannot make it our id: NFKC never
     // drops a character that is not white space (removed already), and what it composes is not ASCII.
     if (visible.length > 4 * ours.length + 16) return false;
-    return visible.normalize('NFKC').replace(INVISIBLE, '').toLowerCase() === ours;
+    const normalized = visible.normalize('NFKC').replace(INVISIBLE, '').toLowerCase();
+    // Also as a domain name: a Unicode spelling of an IDN id (`mx.bücher.example` for
+    // mx.xn--bcher-kva.example), or with a trailing dot.
+    return normalized === ours || asciiDomain(normalized) === ours;
   });
 }
 

@@ -29,8 +29,17 @@ export function inboxIdOf(address: string, mailDomain: string): string | null {
 export function domainOf(address: string): string | null {
   const at = address.lastIndexOf('@');
   if (at < 0 || at === address.length - 1) return null;
-  const domain = address.slice(at + 1);
-  return plainDomain(/\P{ASCII}/u.test(domain) ? domainToASCII(domain) || domain : domain) || null;
+  return asciiDomain(address.slice(at + 1)) || null;
+}
+
+/**
+ * A domain name as a mail reader shows it, in its ASCII form: a name with a non-ASCII character goes
+ * through UTS-46 (domainToASCII: A-labels, invisible characters such as a soft hyphen dropped,
+ * full-width letters folded), or stays as written if it has no such form; then plainDomain. An ASCII
+ * name is kept as written (the URL host parser behind domainToASCII would read `127.1` as an address).
+ */
+export function asciiDomain(domain: string): string {
+  return plainDomain(/\P{ASCII}/u.test(domain) ? domainToASCII(domain) || domain : domain);
 }
 
 /**
@@ -50,7 +59,11 @@ export function domainsAlign(a: string, b: string): boolean {
 /** The domain part of an address, compared as inbox addresses are: in any case. */
 export function inMailDomain(address: string, mailDomain: string): boolean {
   const at = address.lastIndexOf('@');
-  return at > 0 && address.slice(at + 1).toLowerCase() === mailDomain.toLowerCase();
+  if (at <= 0) return false;
+  // An IDN mail domain may come in Unicode (SMTPUTF8); an ASCII one is compared as written.
+  const domain = address.slice(at + 1);
+  const ascii = /\P{ASCII}/u.test(domain) ? domainToASCII(domain) || domain : domain;
+  return ascii.toLowerCase() === mailDomain.toLowerCase();
 }
 
 /**

@@ -17,7 +17,7 @@
  */
 import { Readable } from 'node:stream';
 import type { AuthenticateResult } from 'mailauth';
-import { domainsAlign, plainDomain } from '../core/mail-address.ts';
+import { asciiDomain, domainOf, domainsAlign, plainDomain } from '../core/mail-address.ts';
 import type { AuthenticationRequest, Authenticator, AuthVerdict } from '../core/ports.ts';
 import type { CachingLookup } from './dns.ts';
 import { installFastLinebreaks } from './fast-linebreaks.ts';
@@ -115,6 +115,18 @@ export class MailauthAuthenticator implements Authenticator {
       ? await this.#eachAuthor(result)
       : undefined;
     const fromDomain = plainDomain(dmarc?.status.header?.from ?? '') || null;
+    // The author domains as a reader shows them, which mailauth did not check (it converts a non-ASCII
+    // name without UTS-46 mapping: `pay\u00adpal.test`, with a soft hyphen, was checked as
+    // xn--paypal-dja.test and got past paypal.test's p=reject, while a reader shows paypal.test).
+    const checked = new Set(several ? several.domains.map(plainDomain) : fromDomain ? [fromDomain] : []);
+    const unchecked = [
+      ...new Set(
+        (result.dkim.headerFrom ?? []).flatMap((address) => {
+          const shown = domainOf(address);
+          return shown && !shown.startsWith('[') && !checked.has(shown) ? [shown] : [];
+        }),
+      ),
+    ];
     // A failure under p=reject is for now (451) when a failed lookup may explain it: for the From:
     // domain, or with several authors for every one that failed (until 2026-11-25, with several, never,
     // and a DNS failure behind it was a 550, a bounce; one that failed on its own is still a 550).
@@ -124,7 +136,7 @@ export class MailauthAuthenticator implements Authenticator {
       ...(result.dkim.results ?? [])
         .filter((r) => r.status.result === 'temperror')
         .map((r) => r.signingDomain),
-    ].flatMap((domain) => (domain ? [plainDomain(domain)] : []));
+    ].flatMap((domain) => (domain ? [asciiDomain(domain)] : []));
     const lookupFailed =
       failing.length > 0 &&
       failing.every((author) => failedLookups.some((domain) => domainsAlign(domain, author)));
@@ -133,8 +145,9 @@ export class MailauthAuthenticator implements Authenticator {
       // Without trailing dots (`allowed.test.` is allowed.test): the lists it is checked against
       // (sender_domains, opt-outs) hold plain domains (until 2026-11-25 it got past both).
       fromDomain,
-      ...(several && { authorDomains: several.domains }),
-      ...(several?.unverifiable && { unverifiableAuthor: true }),
+      ...((several || unchecked.length > 0) && { authorDomains: [...checked, ...unchecked] }),
+      // Refused as failing DMARC, after the opt-outs of every domain (message-admission.ts).
+      ...((several?.unverifiable || unchecked.length > 0) && { unverifiableAuthor: true }),
       dmarc: several?.dmarc ?? {
         result: dmarc ? dmarc.status.result : 'none',
         policy: dmarc ? enforcedPolicy(dmarc) : null,

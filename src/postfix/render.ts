@@ -10,7 +10,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { dirname, isAbsolute } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { domainToUnicode, fileURLToPath } from 'node:url';
 import { type Config, ConfigError, HOST_NAME, type Listen } from '../config/config.ts';
 
 /** The templates' directory: `<repo>/postfix`. */
@@ -109,6 +109,16 @@ function checkPorts(settings: PostfixSettings): void {
   }
 }
 
+/**
+ * virtual_mailbox_domains: MAIL_DOMAIN, and for an IDN (`xn--bcher-kva.example`) its Unicode form too,
+ * which an SMTPUTF8 client may write and Postfix does not convert (SMTPUTF8_README, "No automatic
+ * conversions"): listed once, such a recipient got `554 Relay access denied`, a bounce.
+ */
+export function mailDomains(mailDomain: string): string {
+  const unicode = domainToUnicode(mailDomain);
+  return unicode && unicode !== mailDomain ? `${mailDomain}, ${unicode}` : mailDomain;
+}
+
 /** Every placeholder value, by name (without braces). */
 export function placeholderValues(settings: PostfixSettings, dirs: PostfixDirs): Record<string, string> {
   checkPorts(settings);
@@ -119,7 +129,7 @@ export function placeholderValues(settings: PostfixSettings, dirs: PostfixDirs):
   }
   const smtp = smtpListen(settings.smtpHost, settings.smtpPort);
   return {
-    MAIL_DOMAIN: settings.mailDomain,
+    MAIL_DOMAINS: mailDomains(settings.mailDomain),
     MYHOSTNAME: settings.authservId,
     QUEUE_DIRECTORY: directory('queue directory', dirs.queueDirectory),
     DATA_DIRECTORY: directory('data directory', dirs.dataDirectory),

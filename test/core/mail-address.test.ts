@@ -71,6 +71,11 @@ test('a quoted or source-routed inbox address names the inbox; only MAIL_DOMAIN 
   }
   assert.equal(inMailDomain('postmaster', 'svc.test'), false);
   assert.equal(inMailDomain('a@other.test', 'svc.test'), false);
+  // An IDN mail domain in Unicode, as an SMTPUTF8 client may write it; an ASCII one only as written.
+  assert.equal(inboxIdOf(`${id}@b\u00fccher.example`, 'xn--bcher-kva.example'), id);
+  assert.equal(inboxIdOf(`${id}@B\u00dcCHER.example`, 'xn--bcher-kva.example'), id);
+  assert.equal(inboxIdOf(`${id}@xn--bcher-kva.example`, 'xn--bcher-kva.example'), id);
+  assert.equal(inMailDomain(`${id}@svc.test.`, 'svc.test'), false);
 });
 
 test('a domain is compared as the lists hold it: lowercased, every trailing dot dropped', () => {

@@ -158,7 +158,8 @@ test('claimsAuthservId: the first word or quoted string, after comments; nothing
     [bytes(' mx\u200b.svc.test; dmarc=pass'), true],
     [bytes(' \uff4d\uff58.svc.test; dmarc=pass'), true],
     [' \xa0mx.svc.test; dmarc=pass', true],
-    [' mx.svc.test.; dmarc=pass', false],
+    // As a domain name: with a trailing dot it is the same name.
+    [' mx.svc.test.; dmarc=pass', true],
     [` ${'\ufdfa'.repeat(27_000)}; dmarc=pass`, false],
     [' mx.svc.test/1; dmarc=pass', false],
     [' other.example; dmarc=pass', false],
@@ -168,6 +169,15 @@ test('claimsAuthservId: the first word or quoted string, after comments; nothing
   ];
   for (const [value, expected] of table)
     assert.equal(claimsAuthservId(value, ID), expected, JSON.stringify(value));
+  // An IDN id (the default mx.MAIL_DOMAIN of an IDN mail domain) claimed in its Unicode spelling.
+  const idn = 'mx.xn--bcher-kva.example';
+  for (const value of [
+    ' mx.bücher.example; dmarc=pass',
+    ' mx.BÜCHER.example; dmarc=pass',
+    ` ${idn}.; dmarc=pass`,
+  ])
+    assert.equal(claimsAuthservId(bytes(value), idn), true, value);
+  assert.equal(claimsAuthservId(bytes(' mx.bucher.example; dmarc=pass'), idn), false);
 });
 
 test('authentication: an id with Unicode white space around it is not ours to the receiver', () => {

@@ -467,6 +467,39 @@ test('a From: naming several domains is checked for each: one failing DMARC unde
   assert.match(delivered.end?.text ?? '', /^250 /);
 });
 
+test('a From: domain a reader shows as another (a soft hyphen, a zero-width space, full-width letters) is checked as shown: p=reject and opt-outs apply', async () => {
+  const inbox = await s.provision();
+  // UTS-46, as a mail reader maps the name: each is shown as strict.test (p=reject, SPF fails).
+  for (const from of [
+    'ceo@str\u00adict.test',
+    'ceo@strict.test\u200b',
+    'ceo@\uff53\uff54\uff52\uff49\uff43\uff54.test',
+  ]) {
+    assertRefusedAtEom(
+      await s.send({
+        from: 'x@lax.test',
+        to: [inbox.address],
+        message: plainMessage({ to: inbox.address, from }),
+      }),
+      '550 5.7.1 DMARC checks failed',
+    );
+  }
+  assertRefusedAtEom(
+    await s.send({
+      from: 'x@lax.test',
+      to: [inbox.address],
+      message: plainMessage({ to: inbox.address, from: 'news@opt\u00adout.test' }),
+    }),
+    '555 5.7.1 svc.test: sender domain opted out',
+  );
+  const body = await poll(inbox);
+  assert.deepEqual(
+    body.rejections.map((e: { reason: string; sender_domain: string }) => [e.reason, e.sender_domain]),
+    [['sender_opted_out', 'optout.test']],
+  );
+  assert.equal(body.messages.length, 0);
+});
+
 test('a From: domain DMARC cannot read as a mail reader would (white space or a comment at a dot) is refused as failing DMARC; an opt-out still wins, also beside too many domains or with trailing dots', async () => {
   const inbox = await s.provision();
   for (const from of ['Bank <ceo@strict .test>', 'ceo@strict.(x)test', 'news@allowed. test']) {

@@ -144,6 +144,13 @@ describe('renderPostfix', () => {
     assert.throws(() => applyOverrides(text, { 'bad name': 'x' }), /not a parameter name/);
   });
 
+  test('an IDN mail domain is listed in both forms, as Postfix compares recipients as written', async () => {
+    const idn = loadConfig({ MAIL_DOMAIN: 'xn--bcher-kva.example', SMTP_PORT: '2525' });
+    const n = await postconfN('idn', renderPostfix(idn, postfixDirs(join(base, 'idn-instance'))));
+    assert.equal(n.get('virtual_mailbox_domains'), 'xn--bcher-kva.example, b\u00fccher.example');
+    assert.equal(n.get('myhostname'), 'mx.xn--bcher-kva.example');
+  });
+
   test('postconf reads back the settings the service relies on', async () => {
     const n = await postconfN('inet', renderPostfix(config, postfixDirs(join(base, 'inet-instance'))));
     const policy =
