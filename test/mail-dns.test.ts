@@ -69,3 +69,17 @@ test('the cache holds at most maxEntries answers, dropping the oldest', async ()
     await cache.resolve(name, 'TXT');
   assert.deepEqual(asked, ['TXT a.test', 'TXT b.test', 'TXT c.test', 'TXT a.test']);
 });
+
+test('a name c-ares refuses as malformed is not found, not a DNS failure, and is kept', async () => {
+  // A real resolver: c-ares refuses these before asking any server (the server below does not exist).
+  const { promises } = await import('node:dns');
+  const resolver = new promises.Resolver({ timeout: 200, tries: 1 });
+  resolver.setServers(['127.0.0.1:9']);
+  const cache = new CachingLookup(resolver);
+  for (const name of [
+    'bad!sel._domainkey.bank.test',
+    'x y._domainkey.bank.test',
+    `${'a'.repeat(64)}._domainkey.bank.test`,
+  ])
+    await assert.rejects(cache.resolve(name, 'TXT'), { code: 'ENOTFOUND' }, name);
+});

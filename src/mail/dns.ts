@@ -53,6 +53,20 @@ export class ResolverReverseDns implements ReverseDns {
 }
 
 /**
+ * A name c-ares will not even ask for (`bad!sel._domainkey.bank.test`, a label over 63 characters, a
+ * space) has no record: ENOTFOUND, not the DNS failure mailauth takes EBADNAME for. A sender's DKIM
+ * selector chose it, and as a temperror it turned the p=reject refusal of a forged From: (550) into a
+ * 451 the forger's MTA retried for days.
+ */
+function notFoundIfMalformed(error: NodeJS.ErrnoException): never {
+  if (error.code !== 'EBADNAME') throw error;
+  throw Object.assign(new Error(`${error.message} (malformed name: not found)`), {
+    code: 'ENOTFOUND',
+    hostname: (error as { hostname?: string }).hostname,
+  });
+}
+
+/**
  * A cache in front of `resolve(name, rrtype)` for mailauth's SPF, DKIM and DMARC lookups, as a local
  * caching resolver would give an MTA: answers and "not found" are kept for `ttlMs` (records' own TTLs
  * are not exposed by node:dns), errors such as timeouts are not kept. Bounded to `maxEntries`.
@@ -74,7 +88,7 @@ export class CachingLookup {
     const now = Date.now();
     const hit = this.#entries.get(key);
     if (hit && hit.until > now) return hit.answer;
-    const answer = this.#resolver.resolve(name, rrtype);
+    const answer = this.#resolver.resolve(name, rrtype).catch(notFoundIfMalformed);
     if (this.#entries.size >= this.#maxEntries)
       this.#entries.delete(this.#entries.keys().next().value as string);
     this.#entries.set(key, { until: now + this.#ttlMs, answer });

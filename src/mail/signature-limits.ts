@@ -39,8 +39,14 @@ export function verifiableHeaders(headers: MilterHeader[]): MilterHeader[] {
   return leftOut.size === 0 ? headers : headers.filter((header) => !leftOut.has(header));
 }
 
-/** How many names a signature field's h= tag lists (0 without one). */
+/**
+ * How many names a signature field's h= tag lists (0 without one); with the tag repeated, the most any
+ * of them lists: mailauth keeps the last, and counting only the first let 29,000 names through behind
+ * `h=from` (a 14 s freeze of the milter).
+ */
 export function signedNames(value: string): number {
-  const tag = /(?:^|;)\s*h\s*=([^;]*)/i.exec(value);
-  return tag?.[1] === undefined ? 0 : tag[1].split(':').length;
+  let most = 0;
+  for (const tag of value.matchAll(/(?:^|;)\s*h\s*=([^;]*)/gi))
+    most = Math.max(most, (tag[1] ?? '').split(':').length);
+  return most;
 }

@@ -460,6 +460,26 @@ test('a DMARC failure under p=reject that a failed DNS lookup may have caused (t
   assert.equal(unsigned.end?.text, '550 5.7.1 DMARC checks failed');
 });
 
+test('a forged signature whose selector makes a malformed DNS name has no key: the p=reject failure is a 550, not a retried 451', async () => {
+  const inbox = await s.provision();
+  const message = plainMessage({ to: inbox.address, from: 'ceo@strict.test' });
+  // Aligned with the forged From: (d=strict.test), with a right body hash; `bad!sel` is no DNS label.
+  const signer = { signingDomain: 'strict.test', selector: 'bad!sel', privateKey: flakyKey };
+  const signed = await dkimSign(message, {
+    ...signer,
+    canonicalization: 'relaxed/relaxed',
+    algorithm: 'rsa-sha256',
+    signatureData: [signer],
+  });
+  assert.deepEqual(signed.errors, []);
+  const replies = await s.send({
+    from: 'x@lax.test',
+    to: [inbox.address],
+    message: Buffer.concat([Buffer.from(signed.signatures), message]),
+  });
+  assert.equal(replies.end?.text, '550 5.7.1 DMARC checks failed');
+});
+
 test('with several From: domains, a p=reject failure that a failed lookup for that domain may have caused is a 451 too; another domain failing is a 550', async () => {
   const inbox = await s.provision();
   const flaky = await signFlaky(plainMessage({ to: inbox.address, from: 'ceo@flaky.example, x@lax.test' }));

@@ -53,6 +53,12 @@ test('a From: domain a reader shows as a p=reject domain is not taken for anothe
     assert.equal(shown.unverifiableAuthor, true, JSON.stringify(domain));
     assert.ok(shown.authorDomains?.includes('strict.test'), JSON.stringify(shown.authorDomains));
   }
+  // A mailbox whose domain mailauth cannot use (a stray `>` or backslash; a reader may still show
+  // strict.test), alone or beside another author: DMARC was skipped for it, and it got through.
+  for (const from of ['ceo@strict.test>', 'ceo@strict.test\\', 'x@lax.test, ceo@strict.test>']) {
+    const broken = await verdict(`From: ${from}\r\n`);
+    assert.equal(broken.unverifiableAuthor, true, from);
+  }
   // The same name in another case, with a trailing dot or as its A-label is what mailauth checked.
   for (const from of [
     'ceo@Strict.TEST',

@@ -76,6 +76,12 @@ test('the authenticator is given the last MAX_DKIM_SIGNATURES signatures and eve
 test('signedNames counts the names of the h= tag; verifiableHeaders leaves out wide signatures and keeps the bottom ones in order', () => {
   assert.equal(signedNames(' v=1; a=rsa-sha256; h=From:To : Subject;\n bh=x; b=y'), 3);
   assert.equal(signedNames('v=1; a=rsa-sha256; bh=x; b=y'), 0);
+  // A repeated tag: mailauth reads the last; the widest counts, whichever it is.
+  const manyNames = Array(MAX_SIGNED_NAMES + 1)
+    .fill('a')
+    .join(':');
+  assert.equal(signedNames(`v=1; h=from; bh=x; b=y; h=${manyNames}`), MAX_SIGNED_NAMES + 1);
+  assert.equal(signedNames(`v=1; h=${manyNames}; bh=x; b=y; h=from`), MAX_SIGNED_NAMES + 1);
   assert.equal(
     signedNames(
       `i=1; h=${Array(MAX_SIGNED_NAMES + 1)
