@@ -9,7 +9,8 @@
  * and the next tab and the next two spaces, each searched for once per occurrence, not per byte. It
  * hands mailauth's own helpers (_pushBodyHash, fixLineBuffer, _updateBodyHash) the same buffers in the
  * same order, and leaves the same remainder for the next chunk (test/mail/fast-relaxed-body.test.ts
- * runs both on the same inputs and compares every call).
+ * runs both on the same inputs and compares every call), save for a line longer than LONG_LINE_BYTES,
+ * whose settled part it hashes early (the same hash; compared on random inputs).
  *
  * installFastRelaxedBody() puts it in place of mailauth's method (mailauth-patch.ts), and refuses at
  * start-up if that method or one of the helpers it calls is not there.
@@ -35,7 +36,36 @@ const TAB = 0x09;
 const TWO_SPACES = Buffer.from('  ');
 const CRLF = Buffer.from('\r\n');
 
-export function relaxedUpdate(this: RelaxedHashState, input: Buffer | null, final?: boolean): void {
+/**
+ * A line longer than this (no line break yet) has its settled part canonicalized and hashed at once,
+ * up to its last byte that is not white space or CR; only the rest waits for the next chunk. Without
+ * it each chunk was joined to the whole unfinished line and rescanned: a 25 MiB body without a line
+ * break, under ten signatures, froze the milter 5.8 s (mailauth's own method does the same, slower).
+ * Lines up to this length are handed on exactly as mailauth would.
+ */
+export const LONG_LINE_BYTES = 64 * 1024;
+
+/** relaxedUpdate settling lines longer than `longLineBytes`. */
+export function relaxedUpdateSettling(longLineBytes: number): Update {
+  return function update(this: RelaxedHashState, input: Buffer | null, final?: boolean): void {
+    relaxedUpdateOnce.call(this, input, final);
+    const rest = this.remainder;
+    if (final || !rest || rest.length <= longLineBytes) return;
+    // The remainder is one unfinished line. Up to its last byte that is neither white space nor CR
+    // (a CR may start the line break) it is settled: canonicalized as mailauth canonicalizes a line
+    // (runs of white space to one space, a leading run included), it is the line's beginning whatever
+    // follows, since the next piece starts with the white space (or CR) kept back.
+    let end = rest.length - 1;
+    while (end >= 0 && (rest[end] === SPACE || rest[end] === TAB || rest[end] === CR)) end--;
+    if (end < 0) return;
+    this._pushBodyHash(this.fixLineBuffer(rest.subarray(0, end + 1)));
+    this.remainder = end + 1 < rest.length ? rest.subarray(end + 1) : false;
+  };
+}
+
+export const relaxedUpdate: Update = relaxedUpdateSettling(LONG_LINE_BYTES);
+
+function relaxedUpdateOnce(this: RelaxedHashState, input: Buffer | null, final?: boolean): void {
   this.byteLength += input?.length || 0;
   let chunk = input;
   if (this.remainder && this.remainder.length > 0) {

@@ -9,7 +9,12 @@
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import { test } from 'node:test';
-import { installFastRelaxedBody, relaxedUpdate } from '../../src/mail/fast-relaxed-body.ts';
+import {
+  installFastRelaxedBody,
+  LONG_LINE_BYTES,
+  relaxedUpdate,
+  relaxedUpdateSettling,
+} from '../../src/mail/fast-relaxed-body.ts';
 
 const mailauthOwn = installFastRelaxedBody();
 const { RelaxedHash } = createRequire(import.meta.url)('mailauth/lib/dkim/body/relaxed.js') as {
@@ -99,6 +104,40 @@ test('a 1 MiB body in 64 KiB chunks: the same pieces and hash', () => {
   const inputs: Buffer[] = [];
   for (let at = 0; at < body.length; at += 65535) inputs.push(body.subarray(at, at + 65535));
   assert.deepEqual(run(relaxedUpdate, inputs), run(mailauthOwn as Update, inputs));
+});
+
+test('long unfinished lines settled early (here past 3 bytes) give the same hash and counts as mailauth on random inputs', () => {
+  const settling = relaxedUpdateSettling(3);
+  let seed = 29;
+  const random = (n: number) => {
+    seed = (seed * 1103515245 + 12345) % 2 ** 31;
+    return seed % n;
+  };
+  const alphabet = ['\r', '\n', '\r\n', ' ', '  ', '\t', ' \r\n', 'a', 'bc', 'XXXXXXXX', '\r ', ' \r'];
+  for (let round = 0; round < 3000; round++) {
+    const inputs = Array.from({ length: 1 + random(6) }, () =>
+      Buffer.from(
+        Array.from({ length: random(16) }, () => alphabet[random(alphabet.length)]).join(''),
+        'latin1',
+      ),
+    );
+    const limit = random(3) === 0 ? random(40) : undefined;
+    const ours = run(settling, inputs, limit);
+    const theirs = run(mailauthOwn as Update, inputs, limit);
+    assert.equal(ours.digest, theirs.digest, JSON.stringify(inputs.map((b) => b.toString('latin1'))));
+    assert.equal(ours.bodyHashedBytes, theirs.bodyHashedBytes);
+  }
+});
+
+test('a body that is one long line keeps at most a chunk and LONG_LINE_BYTES waiting, and hashes as mailauth does', () => {
+  const words = Array.from({ length: 200_000 }, (_, i) => (i % 7 === 0 ? 'word\t\t' : 'word  '));
+  const body = Buffer.from(`${words.join('')}end \r\n`, 'latin1');
+  const inputs: Buffer[] = [];
+  for (let at = 0; at < body.length; at += 65535) inputs.push(body.subarray(at, at + 65535));
+  const ours = run(relaxedUpdate, inputs);
+  const longest = Math.max(...ours.states.map((state) => ((state as [string | false])[0] || '').length));
+  assert.ok(longest <= LONG_LINE_BYTES + 65535, `${longest} bytes waited`);
+  assert.equal(ours.digest, run(mailauthOwn as Update, inputs).digest);
 });
 
 test("installing it replaces mailauth's method and is idempotent", () => {
