@@ -23,6 +23,7 @@ import type { DependencyContainer } from 'tsyringe';
 import { type Config, ConfigError, type Listen, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
 import { buildContainer, TOKENS } from './container.ts';
+import { CheckedClock, watchClock } from './core/clock-check.ts';
 import { applyHeapFlags } from './heap-flags.ts';
 import { createLog, type Log } from './log.ts';
 import type { Health } from './ops/health.ts';
@@ -33,6 +34,8 @@ import type { Database } from './storage/database.ts';
 
 const ENTRIES = ['api', 'policy', 'milter', 'lmtp', 'jobs', 'migrate', 'all'] as const;
 type Entry = (typeof ENTRIES)[number];
+/** The entries that decide about mail, on a clock checked against PostgreSQL's. */
+const MAIL_ENTRIES: ReadonlySet<Entry> = new Set<Entry>(['policy', 'milter', 'lmtp', 'all']);
 
 /** A TCP listen with the port actually bound (port 0 picks one); a socket path as it was. */
 const boundListen = (listen: Listen, port: number | undefined): Listen =>
@@ -80,11 +83,18 @@ async function main(argv: string[]): Promise<void> {
     if (entry === 'migrate') return;
   }
   const all = entry === 'all';
+  // The mail daemons tell the time only while it agrees with PostgreSQL's (core/clock-check.ts); under
+  // `all` the API and the jobs share that clock.
+  const clock = MAIL_ENTRIES.has(entry) ? new CheckedClock() : undefined;
   const container = buildContainer(config, {
     log: logOf(all ? 'service' : entry),
     poolSize: all ? 20 : 10,
+    ...(clock && { clock }),
   });
   const health = container.resolve<Health>(TOKENS.Health);
+  const database = container.resolve<Database>(TOKENS.Database);
+  const clockWatch = clock && watchClock(clock, () => database.clockMs(), log);
+  if (clock) health.watch('clock', () => clock.skewed ?? 'ok');
   const graceMs = config.shutdownGraceSeconds * 1000;
   const running: Running[] = [];
   let ops: Running | undefined;
@@ -114,7 +124,8 @@ async function main(argv: string[]): Promise<void> {
     };
     for (const item of running.filter((r) => r.name === 'postfix')) await closeOne(item);
     await Promise.all(running.filter((r) => r.name !== 'postfix').map(closeOne));
-    await container.resolve<Database>(TOKENS.Database).close();
+    clockWatch?.stop();
+    await database.close();
     await ops?.close();
     await lock?.release();
   };

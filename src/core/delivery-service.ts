@@ -32,6 +32,7 @@ import type { Readable } from 'node:stream';
 import type { Log } from '../log.ts';
 import { readAuthentication } from './authentication-results.ts';
 import type { Clock } from './clock.ts';
+import { ClockSkewError } from './clock-check.ts';
 import { type BodyTee, readAhead, readHead, Slots, teeBody } from './delivery-streams.ts';
 import { randomBase32 } from './ids.ts';
 import { inboxIdOf } from './mail-address.ts';
@@ -207,10 +208,12 @@ export class DeliveryService {
         this.#slots.release(storing.length);
       }
     } catch (error) {
-      // Reading the message failed (the client went away): nothing was stored; its replies are moot.
+      // Reading the message failed (the client went away: nothing was stored; its replies are moot),
+      // or this host's clock cannot be trusted (clock-check.ts): deferred, 451.
+      const clock = error instanceof ClockSkewError;
       this.#log({
-        level: 'warn',
-        msg: 'reading the message failed',
+        level: clock ? 'error' : 'warn',
+        msg: clock ? 'delivery deferred: clock' : 'reading the message failed',
         queue_id: queueId,
         error: describe(error),
       });

@@ -16,6 +16,7 @@
  * short (a crash between batches) changes no answer the API or the SMTP side gives.
  */
 import type { Clock } from '../core/clock.ts';
+import { clockSkewMs, describeSkew } from '../core/clock-check.ts';
 import type { SweeperStore } from '../core/ports.ts';
 import type { RetentionSettings } from '../core/retention.ts';
 import type { Log } from '../log.ts';
@@ -155,22 +156,7 @@ export function defineJob(name: string, deps: JobDeps, body: (run: Run) => Promi
   };
 }
 
-/**
- * How far the host's clock may be from PostgreSQL's. Within it, the margins the jobs keep cover the
- * difference (expire-inboxes' EXPIRE_SETTLE_SECONDS is 60); beyond it the run deletes nothing.
- */
-export const MAX_CLOCK_SKEW_SECONDS = 30;
-
 async function checkClock(deps: JobDeps): Promise<void> {
-  const wall = deps.wallClock ?? Date.now;
-  const before = wall();
-  const database = await deps.store.databaseClockMs();
-  const after = wall();
-  const skewMs = (before + after) / 2 - database;
-  if (Math.abs(skewMs) <= MAX_CLOCK_SKEW_SECONDS * 1000 + (after - before) / 2) return;
-  const seconds = Math.round(Math.abs(skewMs) / 1000);
-  throw new Error(
-    `this host's clock is ${seconds} s ${skewMs > 0 ? 'ahead of' : 'behind'} PostgreSQL's (more than ` +
-      `${MAX_CLOCK_SKEW_SECONDS} s): nothing done; set the clocks right (NTP)`,
-  );
+  const skewMs = await clockSkewMs(deps.wallClock ?? Date.now, () => deps.store.databaseClockMs());
+  if (skewMs !== 0) throw new Error(`${describeSkew(skewMs)}: nothing done; set the clocks right (NTP)`);
 }

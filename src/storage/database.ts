@@ -115,6 +115,14 @@ export class Database {
     return result.rows as T[];
   }
 
+  /** PostgreSQL's clock (clock_timestamp()), in milliseconds since the epoch. */
+  async clockMs(): Promise<number> {
+    const result = await this.pool.query<{ ms: number }>(
+      'SELECT extract(epoch FROM clock_timestamp())::float8 * 1000 AS ms',
+    );
+    return Number(result.rows[0]?.ms);
+  }
+
   /** Runs fn in a transaction on one client; rolls back on any error and rethrows it. */
   async transaction<T>(fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
     return this.withClient(async (client) => {

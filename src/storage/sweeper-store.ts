@@ -154,11 +154,8 @@ export class PgSweeperStore implements SweeperStore {
     }
   }
 
-  async databaseClockMs(): Promise<number> {
-    const result = await this.#db.pool.query<{ ms: number }>(
-      'SELECT extract(epoch FROM clock_timestamp())::float8 * 1000 AS ms',
-    );
-    return Number(result.rows[0]?.ms);
+  databaseClockMs(): Promise<number> {
+    return this.#db.clockMs();
   }
 
   async expireMessages(now: Date, expiredBefore: Date, limit: BatchLimit): Promise<Freed> {

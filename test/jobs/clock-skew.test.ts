@@ -5,8 +5,8 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import { MAX_CLOCK_SKEW_SECONDS } from '../../src/core/clock-check.ts';
 import { EXPIRE_SETTLE_SECONDS } from '../../src/jobs/expire-inboxes.ts';
-import { MAX_CLOCK_SKEW_SECONDS } from '../../src/jobs/job.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { footprint, testJobs } from '../support/jobs.ts';
 

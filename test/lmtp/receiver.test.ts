@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { createTransport } from 'nodemailer';
 import pg from 'pg';
+import { CheckedClock } from '../../src/core/clock-check.ts';
 import {
   DEFAULT_READ_AHEAD_BYTES,
   DEFAULT_STALL_MS,
@@ -193,6 +194,38 @@ test('with an IDN mail domain (A-labels) the recipient is the inbox, though smtp
     assert.deepEqual(replies, [stored, stored]);
   } finally {
     await idn.close();
+  }
+});
+
+test("while this host's clock disagrees with PostgreSQL's, every recipient is deferred with 451 and nothing is stored", async () => {
+  const inbox = await h.provision();
+  const clock = new CheckedClock(h.clock);
+  clock.skewed = "this host's clock is 1200 s ahead of PostgreSQL's (more than 30 s)";
+  const skewed = await startTestReceiver(h, { clock, log: (line) => logs.push(line) });
+  try {
+    const queueId = ident();
+    const { replies } = await deliverRaw(
+      { port: skewed.port as number },
+      {
+        ident: queueId,
+        from: 'a@example.org',
+        to: [address(inbox), address(inbox)],
+        body: 'Subject: x\r\n\r\nbody\r\n',
+      },
+    );
+    const deferred = '451 4.3.0 inbox.test: temporary failure storing the message, try again later';
+    assert.deepEqual(replies, [deferred, deferred]);
+    assert.deepEqual(await poll(inbox), []);
+    assert.ok(logs.some((l) => l.msg === 'delivery deferred: clock' && l.queue_id === queueId));
+    // Once the clocks agree, the retry is stored.
+    clock.skewed = null;
+    const retry = await deliverRaw(
+      { port: skewed.port as number },
+      { ident: queueId, from: 'a@example.org', to: [address(inbox)], body: 'Subject: x\r\n\r\nbody\r\n' },
+    );
+    assert.match(retry.replies[0] ?? '', /^250 2\.0\.0 \S+ stored$/);
+  } finally {
+    await skewed.close();
   }
 });
 

@@ -3,6 +3,7 @@
  * harness's storage, clock and mail domain, behind smtp-server on loopback (or `listen`).
  */
 import type { Listen } from '../../src/config/config.ts';
+import type { Clock } from '../../src/core/clock.ts';
 import { DeliveryService, type DeliverySettings } from '../../src/core/delivery-service.ts';
 import type { MessageStore } from '../../src/core/ports.ts';
 import { type LmtpServer, startLmtpServer } from '../../src/lmtp/server.ts';
@@ -17,6 +18,8 @@ export interface TestReceiverOptions {
   /** Instead of the harness's store (e.g. one on its own pool). */
   store?: MessageStore;
   settings?: Partial<DeliverySettings>;
+  /** Instead of the harness's clock. */
+  clock?: Clock;
   maxMessageBytes?: number;
   closeGraceMs?: number;
 }
@@ -28,7 +31,7 @@ export function startTestReceiver(
   const log = options.log ?? (() => {});
   const service = new DeliveryService(
     options.store ?? h.messages,
-    h.clock,
+    options.clock ?? h.clock,
     { mailDomain: h.config.mailDomain, authservId: h.config.authservId, ...options.settings },
     options.serviceLog ?? log,
   );

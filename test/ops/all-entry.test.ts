@@ -63,6 +63,7 @@ test('all: SMTP greets before the API listens; SIGTERM stops Postfix first and e
   assert.equal(response.status, 200);
   assert.deepEqual(((await response.json()) as { checks: unknown }).checks, {
     database: 'ok',
+    clock: 'ok',
     postfix: 'ok',
   });
 
@@ -119,7 +120,10 @@ test('all: daemons on port 0 are named to Postfix by the ports they bound; a sec
       ready = await fetch(`${first.apiUrl}/readyz`);
     }
     assert.equal(ready.status, 503);
-    assert.deepEqual(await ready.json(), { ok: false, checks: { database: 'ok', postfix: 'not running' } });
+    assert.deepEqual(await ready.json(), {
+      ok: false,
+      checks: { database: 'ok', clock: 'ok', postfix: 'not running' },
+    });
   } finally {
     assert.equal((await first.terminate()).code, 0);
   }

@@ -1,0 +1,73 @@
+/**
+ * clock-check: the host's clock read against PostgreSQL's (here a function), into a CheckedClock that
+ * stops telling the time while they disagree by more than MAX_CLOCK_SKEW_SECONDS.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import {
+  CheckedClock,
+  ClockSkewError,
+  MAX_CLOCK_SKEW_SECONDS,
+  watchClock,
+} from '../../src/core/clock-check.ts';
+
+test('a clock off PostgreSQL by more than the bound stops telling the time until they agree again; each change logged once', async () => {
+  const database = 1_700_000_000_000;
+  let offset = 0;
+  let failing = false;
+  const lines: Record<string, unknown>[] = [];
+  const clock = new CheckedClock({ now: () => new Date(database) });
+  const readings: (() => Promise<void>)[] = [];
+  const read = async () => {
+    const watch = watchClock(
+      clock,
+      async () => {
+        if (failing) throw new Error('connect ECONNREFUSED');
+        return database;
+      },
+      (line) => lines.push(line),
+      { wall: () => database + offset, intervalMs: 3_600_000 },
+    );
+    watch.stop();
+    await watch.first;
+  };
+  readings.push(read);
+
+  await read();
+  assert.equal(clock.skewed, null);
+  assert.equal(clock.now().getTime(), database);
+
+  offset = (MAX_CLOCK_SKEW_SECONDS - 1) * 1000;
+  await read();
+  assert.equal(clock.skewed, null, 'within the bound');
+
+  offset = 20 * 60 * 1000;
+  await read();
+  await read();
+  assert.equal(clock.skewed, "this host's clock is 1200 s ahead of PostgreSQL's (more than 30 s)");
+  assert.throws(() => clock.now(), ClockSkewError);
+  assert.deepEqual(lines, [
+    {
+      level: 'error',
+      msg: "this host's clock is 1200 s ahead of PostgreSQL's (more than 30 s): mail is deferred (4xx) until the clocks agree",
+    },
+  ]);
+
+  // A reading that fails changes nothing.
+  failing = true;
+  offset = 0;
+  await read();
+  assert.notEqual(clock.skewed, null);
+
+  failing = false;
+  offset = -(MAX_CLOCK_SKEW_SECONDS + 10) * 1000;
+  await read();
+  assert.equal(clock.skewed, "this host's clock is 40 s behind PostgreSQL's (more than 30 s)");
+  assert.equal(lines.length, 1, 'still skewed: not logged again');
+
+  offset = 0;
+  await read();
+  assert.equal(clock.skewed, null);
+  assert.equal(clock.now().getTime(), database);
+  assert.deepEqual(lines.at(-1), { msg: "clock agrees with PostgreSQL's again; mail is taken again" });
+});
