@@ -119,7 +119,9 @@ export class PgInboxStore implements InboxStore {
         }
       }
       const updated = await client.query<InboxRow>(
-        `UPDATE inboxes i SET expires_at = expires_at + make_interval(secs => $2)
+        // A new version ends what API processes keep of the inbox (poll pages, usage): a page kept
+        // while it looked expired listed no messages, and was served on after the extend.
+        `UPDATE inboxes i SET expires_at = expires_at + make_interval(secs => $2), version = version + 1
          WHERE inbox_id = $1 AND expires_at > $3 RETURNING ${INBOX_COLUMNS}`,
         [inboxId, seconds, now],
       );

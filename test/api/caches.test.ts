@@ -172,3 +172,35 @@ test('usage the process already holds for the inbox version costs no scan of its
   assert.doesNotMatch(await explain(version - 1), /never executed/);
   assert.doesNotMatch(await explain(null), /never executed/);
 });
+
+test('an extend through another process ends a page kept while the inbox looked expired: its messages are listed again', async () => {
+  // A process whose clock is 2 s ahead sees the inbox expired a moment before it really is.
+  const ahead = { now: () => new Date(h.clock.now().getTime() + 2_000) };
+  const container = buildContainer({ ...h.config }, { clock: ahead, log: () => {}, poolSize: 2 });
+  const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
+  const server: Server = await new Promise((resolve) => {
+    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+  });
+  try {
+    const fast = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    const inbox = await h.provision();
+    const token = inbox.credentials.reader;
+    await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\n1\r\n');
+    h.clock.advance(h.config.unitSeconds - 1);
+    const early = await fast.get(pollPath(inbox.inbox_id), { token });
+    assert.equal(early.json.inbox.state, 'expired');
+    assert.deepEqual(early.json.messages, []);
+
+    const extended = await h.api.post(`/v1/inboxes/${inbox.inbox_id}/extend`, {
+      token: inbox.credentials.owner,
+    });
+    assert.equal(extended.status, 200, extended.text);
+    const after = await fast.get(pollPath(inbox.inbox_id), { token });
+    assert.equal(after.json.inbox.state, 'live');
+    assert.equal(after.json.messages.length, 1, 'the message is listed again');
+  } finally {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+    await container.resolve<Database>(TOKENS.Database).close();
+  }
+});
