@@ -19,6 +19,7 @@
  * grace plus 10 s, or a second signal come, the process exits 1 at once.
  */
 import { dirname } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { DependencyContainer } from 'tsyringe';
 import { type Config, ConfigError, type Listen, loadConfig } from './config/config.ts';
 import { ensureSecretKey } from './config/secret-key.ts';
@@ -160,6 +161,9 @@ async function main(argv: string[]): Promise<void> {
     if (stopping) throw new Error('stopping: start abandoned');
   };
   startup = (async () => {
+    // The first clock reading before any mail is taken (at most 5 s: with PostgreSQL away, the
+    // daemons' own database errors answer 4xx meanwhile, and the reading is taken again every 30 s).
+    if (clockWatch) await Promise.race([clockWatch.first, sleep(5_000, undefined, { ref: false })]);
     for (const [name, listen, start] of LISTENERS) {
       if (entry !== name && !all) continue;
       const server = await start(container, logOf(name));

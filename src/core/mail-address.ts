@@ -29,7 +29,8 @@ export function inboxIdOf(address: string, mailDomain: string): string | null {
 export function domainOf(address: string): string | null {
   const at = address.lastIndexOf('@');
   if (at < 0 || at === address.length - 1) return null;
-  return asciiDomain(address.slice(at + 1)) || null;
+  // White space around the domain is allowed in a header address (`user@ example.com`, RFC 5322 CFWS).
+  return asciiDomain(address.slice(at + 1).trim()) || null;
 }
 
 /**

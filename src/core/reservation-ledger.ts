@@ -45,14 +45,21 @@ export function untrackedDecision(keys: MessageKey[], now: Date): Decision {
 export class ReservationLedger {
   readonly incarnation: string;
   readonly #clock: Clock;
+  readonly #heartbeatClock: Clock;
   readonly #open = new Set<readonly MessageKey[]>();
   #last = 0;
   #registered = false;
   #retired = false;
 
-  constructor(incarnation: string, clock: Clock) {
+  /**
+   * `heartbeatClock`: the same time for snapshots, but one that never refuses (a CheckedClock's inner
+   * clock): while the checked one refuses (core/clock-check.ts) no decision opens, but a heartbeat that
+   * failed for it got this live process taken for dead and its reservations released by the sweep.
+   */
+  constructor(incarnation: string, clock: Clock, heartbeatClock: Clock = clock) {
     this.incarnation = incarnation;
     this.#clock = clock;
+    this.#heartbeatClock = heartbeatClock;
   }
 
   /** The heartbeat row is written (again, after a stop): decisions opened from now on name this process. */
@@ -67,11 +74,13 @@ export class ReservationLedger {
   }
 
   open(keys: MessageKey[]): Decision {
+    // First: a clock that refuses (clock-check.ts) must not leave keys behind that nothing closes.
+    const now = this.#instant(this.#clock);
     const tracked: readonly MessageKey[] = [...keys];
     this.#open.add(tracked);
     return {
       owner: this.#registered && !this.#retired ? this.incarnation : null,
-      now: this.#instant(),
+      now,
       keys: tracked,
       close: () => {
         this.#open.delete(tracked);
@@ -82,7 +91,7 @@ export class ReservationLedger {
   snapshot(): LedgerSnapshot {
     const open: MessageKey[] = [];
     for (const keys of this.#open) open.push(...keys);
-    return { answeredBefore: this.#instant(), open };
+    return { answeredBefore: this.#instant(this.#heartbeatClock), open };
   }
 
   get openCount(): number {
@@ -90,8 +99,8 @@ export class ReservationLedger {
   }
 
   /** The clock's time, or the last instant handed out if the clock went back since. */
-  #instant(): Date {
-    this.#last = Math.max(this.#last, this.#clock.now().getTime());
+  #instant(clock: Clock): Date {
+    this.#last = Math.max(this.#last, clock.now().getTime());
     return new Date(this.#last);
   }
 }

@@ -45,7 +45,9 @@ export const WITHDRAW_RETRY_MS: readonly number[] = [
  * once then found nothing, and the reservation committed after it held its bytes until the clean-up
  * job, six days later (a retry could meet `555 mailbox quota exceeded`). So the reservations of a
  * call that failed are withdrawn again this long after, with their decision kept open meanwhile (its
- * keys stay in the heartbeat: if this process dies first, the orphan sweep takes them).
+ * keys stay in the heartbeat: if this process dies first, the orphan sweep takes them). This long per
+ * inbox of the reservation: its statement locks each in turn, and may wait lock_timeout for each. A
+ * statement that runs longer still (there is no statement_timeout) is left to the clean-up job.
  */
 export const RESERVATION_SETTLE_MS = 2 * LOCK_TIMEOUT_MS + 10_000;
 
@@ -147,7 +149,9 @@ export class MilterCheck implements MilterHandler {
         const withdraw = () => this.#admission.withdraw(decision?.keys ?? []);
         await this.#retried(withdraw);
         if (unsettled) {
-          await sleep(this.#settleMs, undefined, { ref: false });
+          // The statement may wait for each inbox's lock in turn (lock_timeout applies to each wait).
+          const inboxes = new Set(decision?.keys.map((key) => key.inboxId)).size;
+          await sleep(this.#settleMs * Math.max(1, inboxes), undefined, { ref: false });
           await this.#retried(withdraw);
         }
         decision?.close();

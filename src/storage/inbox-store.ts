@@ -210,6 +210,34 @@ export class PgInboxStore implements InboxStore {
   }
 
   async cancel(inboxId: string, now: Date): Promise<InboxRecord | undefined> {
+    const cancelled = await this.#cancelOnce(inboxId, now);
+    if (cancelled) await this.#deleteStoredLeft(inboxId, now);
+    return cancelled;
+  }
+
+  /**
+   * A message stored after the cancel locked its messages, and held by a download or listing mark
+   * while it marked the rest, was skipped (waiting for it would deadlock: the mark waits for the
+   * inbox row the cancel holds) and stayed `stored` without its chunks. Once the cancel has
+   * committed nothing waits for that row: such messages are deleted now, as the cancel deletes.
+   */
+  async #deleteStoredLeft(inboxId: string, now: Date): Promise<void> {
+    await this.#db.transaction(async (client) => {
+      const left = await client.query<{ message_id: string }>(
+        `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $2),
+           deleted_reason = coalesce(deleted_reason, 'cancelled')
+         WHERE inbox_id = $1 AND state = 'stored' RETURNING message_id`,
+        [inboxId, now],
+      );
+      if (left.rows.length === 0) return;
+      await client.query('DELETE FROM message_chunks WHERE inbox_id = $1 AND message_id = ANY($2)', [
+        inboxId,
+        left.rows.map((row) => row.message_id),
+      ]);
+    });
+  }
+
+  async #cancelOnce(inboxId: string, now: Date): Promise<InboxRecord | undefined> {
     return this.#db.transaction(async (client) => {
       // The messages' rows before the inbox row, the order a store, the jobs and the API's marks take
       // them in: a store holding its message's row and waiting for the inbox row would otherwise
@@ -229,7 +257,8 @@ export class PgInboxStore implements InboxStore {
       // Every row locked above is ours. A row another transaction holds now was made after that lock
       // (a reservation committed meanwhile, whose store has begun): waiting for it deadlocked, since
       // that store waits for the inbox row this transaction holds. It is skipped: its store finds the
-      // inbox cancelled once this commits, and deletes it itself (finish_delivery_outcome).
+      // inbox cancelled once this commits, and deletes it itself (finish_delivery_outcome); one stored
+      // meanwhile and held by a mark goes after the commit (#deleteStoredLeft).
       await client.query(
         `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $2),
            deleted_reason = coalesce(deleted_reason, 'cancelled')

@@ -10,6 +10,7 @@ import {
   MAX_CLOCK_SKEW_SECONDS,
   watchClock,
 } from '../../src/core/clock-check.ts';
+import { ReservationLedger } from '../../src/core/reservation-ledger.ts';
 
 test('a clock off PostgreSQL by more than the bound stops telling the time until they agree again; each change logged once', async () => {
   const database = 1_700_000_000_000;
@@ -70,4 +71,20 @@ test('a clock off PostgreSQL by more than the bound stops telling the time until
   assert.equal(clock.skewed, null);
   assert.equal(clock.now().getTime(), database);
   assert.deepEqual(lines.at(-1), { msg: "clock agrees with PostgreSQL's again; mail is taken again" });
+});
+
+test('a reservation ledger on a refusing clock opens no decision and leaves nothing open, and its heartbeat goes on', () => {
+  const clock = new CheckedClock({ now: () => new Date(1_700_000_000_000) });
+  const ledger = new ReservationLedger('incarnation', clock, clock.unchecked);
+  clock.skewed = "this host's clock is 1200 s ahead of PostgreSQL's (more than 30 s)";
+  for (let i = 0; i < 3; i++)
+    assert.throws(() => ledger.open([{ inboxId: 'a'.repeat(20), messageId: `m${i}` }]), ClockSkewError);
+  assert.equal(ledger.openCount, 0, 'no keys left behind that nothing closes');
+  // The heartbeat still names this live process (else the orphan sweep takes it for dead).
+  assert.deepEqual(ledger.snapshot(), { answeredBefore: new Date(1_700_000_000_000), open: [] });
+  clock.skewed = null;
+  const decision = ledger.open([{ inboxId: 'a'.repeat(20), messageId: 'm9' }]);
+  assert.equal(ledger.openCount, 1);
+  decision.close();
+  assert.equal(ledger.openCount, 0);
 });

@@ -63,6 +63,9 @@ test('a From: domain a reader shows as a p=reject domain is not taken for anothe
   for (const from of [
     'ceo@Strict.TEST',
     'ceo@strict.test.',
+    'ceo@ strict.test',
+    'CEO <ceo @ strict.test>',
+    '"ceo@bank.example"@strict.test',
     'x@b\u00fccher.example',
     'x@xn--bcher-kva.example',
   ]) {

@@ -113,7 +113,21 @@ test('long unfinished lines settled early (here past 3 bytes) give the same hash
     seed = (seed * 1103515245 + 12345) % 2 ** 31;
     return seed % n;
   };
-  const alphabet = ['\r', '\n', '\r\n', ' ', '  ', '\t', ' \r\n', 'a', 'bc', 'XXXXXXXX', '\r ', ' \r'];
+  const alphabet = [
+    '\r',
+    '\n',
+    '\r\n',
+    ' ',
+    '  ',
+    '\t',
+    ' \r\n',
+    'a',
+    'bc',
+    'XXXXXXXX',
+    '\r ',
+    ' \r',
+    '   \t ',
+  ];
   for (let round = 0; round < 3000; round++) {
     const inputs = Array.from({ length: 1 + random(6) }, () =>
       Buffer.from(
@@ -131,13 +145,23 @@ test('long unfinished lines settled early (here past 3 bytes) give the same hash
 
 test('a body that is one long line keeps at most a chunk and LONG_LINE_BYTES waiting, and hashes as mailauth does', () => {
   const words = Array.from({ length: 200_000 }, (_, i) => (i % 7 === 0 ? 'word\t\t' : 'word  '));
-  const body = Buffer.from(`${words.join('')}end \r\n`, 'latin1');
-  const inputs: Buffer[] = [];
-  for (let at = 0; at < body.length; at += 65535) inputs.push(body.subarray(at, at + 65535));
-  const ours = run(relaxedUpdate, inputs);
-  const longest = Math.max(...ours.states.map((state) => ((state as [string | false])[0] || '').length));
-  assert.ok(longest <= LONG_LINE_BYTES + 65535, `${longest} bytes waited`);
-  assert.equal(ours.digest, run(mailauthOwn as Update, inputs).digest);
+  // Words; then white space alone (nothing to settle it on), CRs among it; a line of white space only.
+  const bodies = [
+    `${words.join('')}end \r\n`,
+    `x${' '.repeat(1_000_000)}\r\n`,
+    `x${' \r\t'.repeat(300_000)}y\r\n`,
+    `${' '.repeat(1_000_000)}\r\nnext\r\n`,
+    `${'\r'.repeat(300_000)}\n`,
+  ];
+  for (const text of bodies) {
+    const body = Buffer.from(text, 'latin1');
+    const inputs: Buffer[] = [];
+    for (let at = 0; at < body.length; at += 65535) inputs.push(body.subarray(at, at + 65535));
+    const ours = run(relaxedUpdate, inputs);
+    const longest = Math.max(...ours.states.map((state) => ((state as [string | false])[0] || '').length));
+    assert.ok(longest <= LONG_LINE_BYTES + 65535, `${longest} bytes waited`);
+    assert.equal(ours.digest, run(mailauthOwn as Update, inputs).digest, JSON.stringify(text.slice(0, 20)));
+  }
 });
 
 test("installing it replaces mailauth's method and is idempotent", () => {

@@ -149,3 +149,61 @@ test('a reservation committed while a cancel waits for a row, whose store begins
     store.release();
   }
 });
+
+test('a message stored while a cancel waits, and held by a mark when the cancel skips it, is deleted right after the cancel', async () => {
+  const inbox = await h.provision();
+  await h.deliver(inbox.inbox_id, 'Subject: first\r\n\r\nfirst\r\n');
+  const holder = await db.pool.connect();
+  const marker = await db.pool.connect();
+  const waiters = async () =>
+    (
+      await db.rows<{ n: number }>(
+        'test-cancel-waiters-2',
+        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
+        [],
+      )
+    )[0]?.n;
+  try {
+    await holder.query('BEGIN');
+    await holder.query('SELECT 1 FROM messages WHERE inbox_id = $1 FOR UPDATE', [inbox.inbox_id]);
+    const cancelled = new PgInboxStore(db).cancel(inbox.inbox_id, new Date());
+    for (let waited = 0; (await waiters()) !== 1; waited += 20) {
+      assert.ok(waited < 5000, 'the cancel never waited');
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    // Stored meanwhile (the inbox row is free), then held as a download's mark holds it.
+    const late = await h.deliver(inbox.inbox_id, 'Subject: late\r\n\r\nlate\r\n');
+    await marker.query('BEGIN');
+    await marker.query('SELECT 1 FROM messages WHERE inbox_id = $1 AND message_id = $2 FOR UPDATE', [
+      inbox.inbox_id,
+      late,
+    ]);
+    await holder.query('COMMIT');
+    // The cancel skips the held row, commits, then waits for it to delete it.
+    for (let waited = 0; (await waiters()) !== 1; waited += 20) {
+      assert.ok(waited < 5000, 'the cancel never came back for the held message');
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    await marker.query('COMMIT');
+    assert.ok(await cancelled, 'the cancel went through');
+    const rows = await db.rows<{ state: string; chunks: number }>(
+      'test-cancel-late-stored',
+      `SELECT m.state, (SELECT count(*)::int FROM message_chunks c
+         WHERE c.inbox_id = m.inbox_id AND c.message_id = m.message_id) AS chunks
+       FROM messages m WHERE m.inbox_id = $1 ORDER BY m.message_id`,
+      [inbox.inbox_id],
+    );
+    assert.deepEqual(
+      rows.map((r) => [r.state, r.chunks]),
+      [
+        ['deleted', 0],
+        ['deleted', 0],
+      ],
+    );
+  } finally {
+    await holder.query('ROLLBACK').catch(() => {});
+    await marker.query('ROLLBACK').catch(() => {});
+    holder.release();
+    marker.release();
+  }
+});
