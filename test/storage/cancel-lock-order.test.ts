@@ -13,6 +13,24 @@ import { type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
 let db: Database;
+
+/** Sessions of this database waiting for a lock. */
+const waiters = async (): Promise<number | undefined> =>
+  (
+    await db.rows<{ n: number }>(
+      'test-cancel-waiters',
+      `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
+      [],
+    )
+  )[0]?.n;
+
+/** Waits until exactly one session waits for a lock; fails with `what` after 5 s. */
+async function oneWaiting(what: string): Promise<void> {
+  for (let waited = 0; (await waiters()) !== 1; waited += 20) {
+    assert.ok(waited < 5000, what);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
 before(async () => {
   h = await startHarness();
   db = h.container.resolve<Database>(TOKENS.Database);
@@ -42,16 +60,7 @@ test('a cancel racing a store waits for it, then deletes its message: no deadloc
     );
 
     const cancelled = new PgInboxStore(db).cancel(inbox.inbox_id, new Date());
-    for (let waited = 0; ; waited += 20) {
-      const [row] = await db.rows<{ n: number }>(
-        'test-cancel-waiting',
-        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
-        [],
-      );
-      if (row?.n === 1) break;
-      assert.ok(waited < 5000, 'the cancel never waited for the store');
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
+    await oneWaiting('the cancel never waited for the store');
     // The store's second half takes the inbox row; with the cancel holding it, this would deadlock.
     await store.query(
       `SELECT finish_delivery($1, $2, 4, 262144, NULL, NULL, NULL, NULL, NULL, NULL, now())`,
@@ -77,14 +86,6 @@ test('a reservation committed while a cancel waits for a row, whose store begins
   await h.deliver(inbox.inbox_id, 'Subject: first\r\n\r\nfirst\r\n');
   const holder = await db.pool.connect();
   const store = await db.pool.connect();
-  const waiters = async () =>
-    (
-      await db.rows<{ n: number }>(
-        'test-cancel-waiters',
-        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
-        [],
-      )
-    )[0]?.n;
   try {
     // A download or a job holds the stored message's row: the cancel's first step waits for it.
     await holder.query('BEGIN');
@@ -95,10 +96,7 @@ test('a reservation committed while a cancel waits for a row, whose store begins
       () => (settled = true),
       () => (settled = true),
     );
-    for (let waited = 0; (await waiters()) !== 1; waited += 20) {
-      assert.ok(waited < 5000, 'the cancel never waited');
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
+    await oneWaiting('the cancel never waited');
     // Meanwhile a message is reserved (the inbox row is free) and its store begins: it holds its row.
     await db.rows(
       'test-cancel-reserve-late',
@@ -155,22 +153,11 @@ test('a message stored while a cancel waits, and held by a mark when the cancel 
   await h.deliver(inbox.inbox_id, 'Subject: first\r\n\r\nfirst\r\n');
   const holder = await db.pool.connect();
   const marker = await db.pool.connect();
-  const waiters = async () =>
-    (
-      await db.rows<{ n: number }>(
-        'test-cancel-waiters-2',
-        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
-        [],
-      )
-    )[0]?.n;
   try {
     await holder.query('BEGIN');
     await holder.query('SELECT 1 FROM messages WHERE inbox_id = $1 FOR UPDATE', [inbox.inbox_id]);
     const cancelled = new PgInboxStore(db).cancel(inbox.inbox_id, new Date());
-    for (let waited = 0; (await waiters()) !== 1; waited += 20) {
-      assert.ok(waited < 5000, 'the cancel never waited');
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
+    await oneWaiting('the cancel never waited');
     // Stored meanwhile (the inbox row is free), then held as a download's mark holds it.
     const late = await h.deliver(inbox.inbox_id, 'Subject: late\r\n\r\nlate\r\n');
     await marker.query('BEGIN');
@@ -180,10 +167,7 @@ test('a message stored while a cancel waits, and held by a mark when the cancel 
     ]);
     await holder.query('COMMIT');
     // The cancel skips the held row, commits, then waits for it to delete it.
-    for (let waited = 0; (await waiters()) !== 1; waited += 20) {
-      assert.ok(waited < 5000, 'the cancel never came back for the held message');
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
+    await oneWaiting('the cancel never came back for the held message');
     await marker.query('COMMIT');
     assert.ok(await cancelled, 'the cancel went through');
     const rows = await db.rows<{ state: string; chunks: number }>(
