@@ -8,7 +8,6 @@ import { type DependencyContainer, instanceCachingFactory, container as rootCont
 import type { Config } from './config/config.ts';
 import { Access } from './core/access.ts';
 import { type Clock, systemClock } from './core/clock.ts';
-import { CheckedClock } from './core/clock-check.ts';
 import { type DeliveryReport, DeliveryService } from './core/delivery-service.ts';
 import { DownloadService } from './core/download-service.ts';
 import { InboxService } from './core/inbox-service.ts';
@@ -196,14 +195,7 @@ export function buildContainer(
       ),
   );
   // One per process: its incarnation names the reservations it makes (mail/orphan-sweep.ts).
-  single(TOKENS.ReservationLedger, () => {
-    const clock = get<Clock>(TOKENS.Clock);
-    return new ReservationLedger(
-      randomUUID(),
-      clock,
-      clock instanceof CheckedClock ? clock.unchecked : clock,
-    );
-  });
+  single(TOKENS.ReservationLedger, () => new ReservationLedger(randomUUID(), get(TOKENS.Clock)));
   single(TOKENS.MilterIncarnations, () => new PgMilterIncarnations(get(TOKENS.Database)));
   single(
     TOKENS.MilterCheck,

@@ -164,6 +164,7 @@ async function main(argv: string[]): Promise<void> {
     // The first clock reading before any mail is taken (at most 5 s: with PostgreSQL away, the
     // daemons' own database errors answer 4xx meanwhile, and the reading is taken again every 30 s).
     if (clockWatch) await Promise.race([clockWatch.first, sleep(5_000, undefined, { ref: false })]);
+    checkpoint();
     for (const [name, listen, start] of LISTENERS) {
       if (entry !== name && !all) continue;
       const server = await start(container, logOf(name));

@@ -55,11 +55,6 @@ export class CheckedClock implements Clock {
     return this.#inner.now();
   }
 
-  /** The clock it checks, which never refuses (for what must go on while it does: heartbeats). */
-  get unchecked(): Clock {
-    return this.#inner;
-  }
-
   /** What is wrong with the clock, or null. */
   get skewed(): string | null {
     return this.#skewed;

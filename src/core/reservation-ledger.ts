@@ -45,21 +45,14 @@ export function untrackedDecision(keys: MessageKey[], now: Date): Decision {
 export class ReservationLedger {
   readonly incarnation: string;
   readonly #clock: Clock;
-  readonly #heartbeatClock: Clock;
   readonly #open = new Set<readonly MessageKey[]>();
   #last = 0;
   #registered = false;
   #retired = false;
 
-  /**
-   * `heartbeatClock`: the same time for snapshots, but one that never refuses (a CheckedClock's inner
-   * clock): while the checked one refuses (core/clock-check.ts) no decision opens, but a heartbeat that
-   * failed for it got this live process taken for dead and its reservations released by the sweep.
-   */
-  constructor(incarnation: string, clock: Clock, heartbeatClock: Clock = clock) {
+  constructor(incarnation: string, clock: Clock) {
     this.incarnation = incarnation;
     this.#clock = clock;
-    this.#heartbeatClock = heartbeatClock;
   }
 
   /** The heartbeat row is written (again, after a stop): decisions opened from now on name this process. */
@@ -75,7 +68,7 @@ export class ReservationLedger {
 
   open(keys: MessageKey[]): Decision {
     // First: a clock that refuses (clock-check.ts) must not leave keys behind that nothing closes.
-    const now = this.#instant(this.#clock);
+    const now = this.#instant();
     const tracked: readonly MessageKey[] = [...keys];
     this.#open.add(tracked);
     return {
@@ -91,7 +84,7 @@ export class ReservationLedger {
   snapshot(): LedgerSnapshot {
     const open: MessageKey[] = [];
     for (const keys of this.#open) open.push(...keys);
-    return { answeredBefore: this.#instant(this.#heartbeatClock), open };
+    return { answeredBefore: this.#answeredBefore(), open };
   }
 
   get openCount(): number {
@@ -99,8 +92,23 @@ export class ReservationLedger {
   }
 
   /** The clock's time, or the last instant handed out if the clock went back since. */
-  #instant(clock: Clock): Date {
-    this.#last = Math.max(this.#last, clock.now().getTime());
+  /**
+   * The instant a snapshot names. While the clock refuses (core/clock-check.ts) no decision opens, so
+   * the last instant handed out still bounds every later one: the heartbeat goes on with it (failing,
+   * it got this live process taken for dead and its reservations released). Not the time behind the
+   * refusing clock: kept as the last instant, a clock 20 minutes fast would have dated the decisions
+   * after its correction 20 minutes ahead, and refused mail for inboxes with minutes left.
+   */
+  #answeredBefore(): Date {
+    try {
+      return this.#instant();
+    } catch {
+      return new Date(this.#last);
+    }
+  }
+
+  #instant(): Date {
+    this.#last = Math.max(this.#last, this.#clock.now().getTime());
     return new Date(this.#last);
   }
 }

@@ -222,6 +222,18 @@ export class PgInboxStore implements InboxStore {
    * committed nothing waits for that row: such messages are deleted now, as the cancel deletes.
    */
   async #deleteStoredLeft(inboxId: string, now: Date): Promise<void> {
+    // Tried three times (a deadlock with a listing's marks, a lock timeout); a cancel run again does
+    // it again, and the deletion job reports a message left so as lost.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.#deleteStoredLeftOnce(inboxId, now);
+      } catch (error) {
+        if (attempt >= 3) throw error;
+      }
+    }
+  }
+
+  async #deleteStoredLeftOnce(inboxId: string, now: Date): Promise<void> {
     await this.#db.transaction(async (client) => {
       const left = await client.query<{ message_id: string }>(
         `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $2),

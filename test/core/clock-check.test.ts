@@ -73,17 +73,26 @@ test('a clock off PostgreSQL by more than the bound stops telling the time until
   assert.deepEqual(lines.at(-1), { msg: "clock agrees with PostgreSQL's again; mail is taken again" });
 });
 
-test('a reservation ledger on a refusing clock opens no decision and leaves nothing open, and its heartbeat goes on', () => {
-  const clock = new CheckedClock({ now: () => new Date(1_700_000_000_000) });
-  const ledger = new ReservationLedger('incarnation', clock, clock.unchecked);
+test('a reservation ledger on a refusing clock opens no decision and leaves nothing open; its heartbeat goes on at its last instant', () => {
+  const start = 1_700_000_000_000;
+  let now = start;
+  const clock = new CheckedClock({ now: () => new Date(now) });
+  const ledger = new ReservationLedger('incarnation', clock);
+  ledger.open([{ inboxId: 'a'.repeat(20), messageId: 'm0' }]).close();
+  // The host's clock jumps 20 minutes ahead; the check catches it.
+  now = start + 20 * 60_000;
   clock.skewed = "this host's clock is 1200 s ahead of PostgreSQL's (more than 30 s)";
-  for (let i = 0; i < 3; i++)
+  for (let i = 1; i < 4; i++)
     assert.throws(() => ledger.open([{ inboxId: 'a'.repeat(20), messageId: `m${i}` }]), ClockSkewError);
   assert.equal(ledger.openCount, 0, 'no keys left behind that nothing closes');
-  // The heartbeat still names this live process (else the orphan sweep takes it for dead).
-  assert.deepEqual(ledger.snapshot(), { answeredBefore: new Date(1_700_000_000_000), open: [] });
+  // The heartbeat still names this live process (else the orphan sweep takes it for dead), with the
+  // last instant handed out, not the time of the clock that is off.
+  assert.deepEqual(ledger.snapshot(), { answeredBefore: new Date(start), open: [] });
+  // Corrected: decisions are dated by the right time, not by the 20 minutes ahead.
+  now = start + 30_000;
   clock.skewed = null;
   const decision = ledger.open([{ inboxId: 'a'.repeat(20), messageId: 'm9' }]);
+  assert.equal(decision.now.getTime(), start + 30_000);
   assert.equal(ledger.openCount, 1);
   decision.close();
   assert.equal(ledger.openCount, 0);
