@@ -14,6 +14,9 @@ test('reverse names of IPv4 and IPv6 addresses, compressed or not', () => {
     'b.a.9.8.7.6.5.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.8.b.d.0.1.0.0.2.ip6.arpa',
   );
   assert.equal(reverseName('::1'), `1.${'0.'.repeat(31)}ip6.arpa`);
+  // An IPv4 written dotted at the end of an IPv6 address is its last 32 bits.
+  assert.equal(reverseName('::1.2.3.4'), `4.0.3.0.2.0.1.0.${'0.'.repeat(24)}ip6.arpa`);
+  assert.equal(reverseName('64:ff9b::192.0.2.33'), reverseName('64:ff9b::c000:221'));
   assert.throws(() => reverseName('mail.sender.test'), /not an IP address/);
 });
 

@@ -58,7 +58,8 @@ interface Member {
 interface Transaction {
   instance: string;
   members: Member[];
-  decided: Map<string, Verdict>;
+  /** Each inbox's verdict, as soon as it is being decided: a retry of the RCPT waits for it. */
+  decided: Map<string, Promise<Verdict>>;
 }
 
 /**
@@ -112,11 +113,20 @@ export class RecipientAdmission {
         const inboxId = inboxIdOf(request.recipient, this.#settings.mailDomain);
         const earlier = inboxId === null ? undefined : decided.get(inboxId);
         if (earlier) return earlier;
-        const outcome = await this.#admitRecipient(request, members);
-        if ('member' in outcome) members.push(outcome.member);
-        const verdict = 'member' in outcome ? ACCEPT : outcome.verdict;
-        if (inboxId !== null) decided.set(inboxId, verdict);
-        return verdict;
+        // Kept before it is decided: Postfix sends the same RCPT again (same instance, a new
+        // connection) when this one took too long, and deciding it twice recorded its refusal twice.
+        const deciding = this.#admitRecipient(request, members).then((outcome) => {
+          if ('member' in outcome) members.push(outcome.member);
+          return 'member' in outcome ? ACCEPT : outcome.verdict;
+        });
+        if (inboxId !== null) {
+          decided.set(inboxId, deciding);
+          // A decision that failed (PostgreSQL away) is not kept: the retry decides again.
+          deciding.catch(() => {
+            if (decided.get(inboxId) === deciding) decided.delete(inboxId);
+          });
+        }
+        return deciding;
       },
     };
   }
@@ -155,11 +165,19 @@ export class RecipientAdmission {
     // grouping rule compares free quota). A first recipient without SIZE= needs the inbox's settings
     // and the opt-outs alone, which the lookup may answer from memory.
     const withUsage = request.size > 0 || first !== undefined;
-    const target: (RecipientTarget & { usedBytes?: number }) | undefined = !inboxId
+    let target: (RecipientTarget & { usedBytes?: number }) | undefined = !inboxId
       ? undefined
       : withUsage
         ? await this.#inboxes.findForDelivery(inboxId, now, names)
         : await this.#lookup.find(inboxId, names);
+    // Never refused from memory: what it kept can be up to its recheck (35 s) behind a change it was
+    // not told of (an extend, an opt-out removed), and these refusals are for good. Read again.
+    const refuses = (t: RecipientTarget | undefined) =>
+      !t ||
+      closedInbox(t.inbox, now, this.#replies, this.#settings) !== null ||
+      (senderDomain !== null && OptOuts.covering(senderDomain, t.optedOut) !== null);
+    if (inboxId && !withUsage && refuses(target))
+      target = await this.#inboxes.findForDelivery(inboxId, now, names);
     const closed = closedInbox(target?.inbox, now, this.#replies, this.#settings);
     if (closed || !target) return { verdict: closed ?? this.#replies.noSuchInbox };
 

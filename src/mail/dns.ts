@@ -22,10 +22,15 @@ export function createResolver(servers: string[]): dns.Resolver {
 export function reverseName(address: string): string {
   if (isIPv4(address)) return `${address.split('.').reverse().join('.')}.in-addr.arpa`;
   if (isIPv6(address)) {
-    const [head = '', tail = ''] = address.split('::');
+    // A dotted IPv4 at the end (`::1.2.3.4`) is the last two groups.
+    const dotted = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(address);
+    const hex = dotted
+      ? `${address.slice(0, dotted.index)}${((Number(dotted[1]) << 8) | Number(dotted[2])).toString(16)}:${((Number(dotted[3]) << 8) | Number(dotted[4])).toString(16)}`
+      : address;
+    const [head = '', tail = ''] = hex.split('::');
     const groups = (part: string) => (part ? part.split(':') : []);
     const missing = 8 - groups(head).length - groups(tail).length;
-    const full = [...groups(head), ...Array(address.includes('::') ? missing : 0).fill('0'), ...groups(tail)];
+    const full = [...groups(head), ...Array(hex.includes('::') ? missing : 0).fill('0'), ...groups(tail)];
     const nibbles = full.map((g) => g.padStart(4, '0')).join('');
     return `${[...nibbles].reverse().join('.')}.ip6.arpa`;
   }

@@ -8,7 +8,9 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
-import type { RecipientAdmission, RecipientRequest } from '../../src/core/recipient-admission.ts';
+import type { MessageStore, RecipientLookup, ReverseDns } from '../../src/core/ports.ts';
+import { RecipientAdmission, type RecipientRequest } from '../../src/core/recipient-admission.ts';
+import type { SmtpReplies } from '../../src/core/smtp-replies.ts';
 import type { Verdict } from '../../src/core/verdict.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 
@@ -62,4 +64,43 @@ test('requests without an instance are grouped per connection only', async () =>
   assert.equal(shown(await first.decide(request('', open.address))), 'accept');
   assert.equal(shown(await admission.connection().decide(request('', listed.address))), 'accept');
   assert.equal(shown(await first.decide(request('', listed.address))), '452 4.5.3');
+});
+
+test('an RCPT asked again while its decision is still being made (Postfix gave up waiting) gets that decision, recorded once', async () => {
+  const inbox = await h.provision();
+  await h.optOuts.add('retried-optout.test', h.clock.now());
+  let recorded = 0;
+  let release: () => void = () => {};
+  const held = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  const slow = new Proxy(h.messages, {
+    get(target, key) {
+      if (key === 'recordRejection')
+        return async (...args: Parameters<MessageStore['recordRejection']>) => {
+          recorded++;
+          await held;
+          return target.recordRejection(...args);
+        };
+      const value = Reflect.get(target, key);
+      return typeof value === 'function' ? value.bind(target) : value;
+    },
+  });
+  const retrying = new RecipientAdmission(
+    h.inboxes,
+    h.container.resolve<RecipientLookup>(TOKENS.RecipientLookup),
+    slow,
+    h.container.resolve<ReverseDns>(TOKENS.ReverseDns),
+    h.clock,
+    h.container.resolve<SmtpReplies>(TOKENS.SmtpReplies),
+    h.config,
+  );
+  const ask = { ...request('6717.9.a.0', inbox.address), sender: 'news@retried-optout.test' };
+  const first = retrying.connection().decide(ask);
+  while (recorded === 0) await new Promise((resolve) => setImmediate(resolve));
+  // Postfix's policy client timed out; the same RCPT of the same transaction comes on a new connection.
+  const again = retrying.connection().decide(ask);
+  release();
+  assert.deepEqual([shown(await first), shown(await again)], ['555 5.7.1', '555 5.7.1']);
+  assert.equal(recorded, 1, 'one refusal, recorded once');
 });

@@ -11,7 +11,9 @@ import { after, before, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { TOKENS } from '../../src/container.ts';
-import type { RecipientTarget } from '../../src/core/ports.ts';
+import type { RecipientTarget, ReverseDns } from '../../src/core/ports.ts';
+import { RecipientAdmission } from '../../src/core/recipient-admission.ts';
+import type { SmtpReplies } from '../../src/core/smtp-replies.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { InboxChangeFeed } from '../../src/storage/inbox-changes.ts';
 import { PgRecipientLookup } from '../../src/storage/recipient-lookup.ts';
@@ -297,4 +299,39 @@ test('sync() returns once every change committed before it has been passed on: t
   }
   await feed.close();
   await feed.sync(); // not listening: nothing is kept, nothing to wait for
+});
+
+test('the policy daemon never refuses from what it kept: an extend it was not told of reads again at RCPT', async () => {
+  const { lookup } = await listeningLookup();
+  const admission = new RecipientAdmission(
+    h.inboxes,
+    lookup,
+    h.messages,
+    h.container.resolve<ReverseDns>(TOKENS.ReverseDns),
+    h.clock,
+    h.container.resolve<SmtpReplies>(TOKENS.SmtpReplies),
+    h.config,
+  );
+  const inbox = await h.provision();
+  const rcpt = (instance: string) =>
+    admission.connection().decide({
+      protocolState: 'RCPT',
+      instance,
+      clientAddress: '127.0.0.3',
+      reverseClientName: 'mail.sender.test',
+      sender: 'news@allowed.test',
+      recipient: inbox.address,
+      size: 0,
+    });
+  assert.equal((await rcpt('1.a')).kind, 'accept');
+  // Extended while the announcement is lost (the listener's connection died without a word).
+  await unannounced('UPDATE inboxes SET expires_at = $2 WHERE inbox_id = $1', [inbox.inbox_id, LATER]);
+  assert.equal(
+    (await lookup.find(inbox.inbox_id, []))?.inbox.expiresAt.getTime() === LATER.getTime(),
+    false,
+    'kept',
+  );
+  h.clock.advance(h.config.unitSeconds + 60);
+  // Past the expiry it kept: a 555 inbox expired from memory, for good; read again, the inbox is live.
+  assert.equal((await rcpt('1.b')).kind, 'accept');
 });
