@@ -35,8 +35,15 @@ import type { Database } from './storage/database.ts';
 
 const ENTRIES = ['api', 'policy', 'milter', 'lmtp', 'jobs', 'migrate', 'all'] as const;
 type Entry = (typeof ENTRIES)[number];
-/** The entries that decide about mail, on a clock checked against PostgreSQL's. */
-const MAIL_ENTRIES: ReadonlySet<Entry> = new Set<Entry>(['policy', 'milter', 'lmtp', 'all']);
+/** The entries that run on a clock checked against PostgreSQL's: every one that stays up. */
+const CHECKED_ENTRIES: ReadonlySet<Entry> = new Set<Entry>([
+  'api',
+  'policy',
+  'milter',
+  'lmtp',
+  'jobs',
+  'all',
+]);
 
 /** A TCP listen with the port actually bound (port 0 picks one); a socket path as it was. */
 const boundListen = (listen: Listen, port: number | undefined): Listen =>
@@ -84,9 +91,9 @@ async function main(argv: string[]): Promise<void> {
     if (entry === 'migrate') return;
   }
   const all = entry === 'all';
-  // The mail daemons tell the time only while it agrees with PostgreSQL's (core/clock-check.ts); under
-  // `all` the API and the jobs share that clock.
-  const clock = MAIL_ENTRIES.has(entry) ? new CheckedClock() : undefined;
+  // The daemons tell the time only while it agrees with PostgreSQL's (core/clock-check.ts): the mail
+  // daemons then defer mail, the API answers 500 (and is not ready), the jobs' runs fail.
+  const clock = CHECKED_ENTRIES.has(entry) ? new CheckedClock() : undefined;
   const container = buildContainer(config, {
     log: logOf(all ? 'service' : entry),
     poolSize: all ? 20 : 10,

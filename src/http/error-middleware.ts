@@ -3,11 +3,12 @@
  * contract's error body with its status and headers; anything else is logged with the request id
  * and answered `500 internal`, with no detail for the peer.
  *
- * While the database is away every request fails the same way: such a failure is logged without its
- * stack, and only the first in each UNAVAILABLE_LOG_MS; the next line says how many were left out
+ * While the database is away (or this host's clock is off PostgreSQL's) every request fails the same
+ * way: such a failure is logged without its stack, and only the first in each UNAVAILABLE_LOG_MS; the next line says how many were left out
  * (the crash soak saw about 400 lines with stacks in a few seconds of outage).
  */
 import type { Context, Next } from 'koa';
+import { ClockSkewError } from '../core/clock-check.ts';
 import { type ErrorCode, ServiceError } from '../core/errors.ts';
 import { routeOf } from './request.ts';
 
@@ -37,7 +38,14 @@ export function errorMiddleware(log: Logger, databaseUnavailable: (error: unknow
   let lastUnavailableLog = Number.NEGATIVE_INFINITY;
   let leftOut = 0;
   const logInternal = (line: Record<string, unknown>, caught: unknown) => {
-    if (!databaseUnavailable(caught)) {
+    // This host's clock disagreeing with PostgreSQL's (core/clock-check.ts) fails every request alike too.
+    const cause =
+      caught instanceof ClockSkewError
+        ? 'clock'
+        : databaseUnavailable(caught)
+          ? 'database unavailable'
+          : null;
+    if (cause === null) {
       log({ ...line, error: caught instanceof Error ? caught.stack : String(caught) });
       return;
     }
@@ -47,7 +55,7 @@ export function errorMiddleware(log: Logger, databaseUnavailable: (error: unknow
       return;
     }
     lastUnavailableLog = now;
-    log({ ...line, cause: 'database unavailable', error: String(caught), left_out: leftOut });
+    log({ ...line, cause, error: String(caught), left_out: leftOut });
     leftOut = 0;
   };
   return async (ctx: Context, next: Next): Promise<void> => {
