@@ -3,37 +3,25 @@
  * served stale: writes made elsewhere on the same database, and time rules, both end it.
  */
 import assert from 'node:assert/strict';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, test } from 'node:test';
-import { buildContainer, TOKENS } from '../../src/container.ts';
+import { TOKENS } from '../../src/container.ts';
 import { newMessageId } from '../../src/core/ids.ts';
 import { hashCredential } from '../../src/core/secrets.ts';
-import { createApp } from '../../src/http/app.ts';
-import type { HttpServices } from '../../src/http/services.ts';
 import { ADMIT_SQL } from '../../src/storage/admit-sql.ts';
 import type { Database } from '../../src/storage/database.ts';
-import { ApiClient, type Harness, startHarness } from '../support/harness.ts';
+import { startApiProcess } from '../support/api-process.ts';
+import { type ApiClient, type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
 let other: ApiClient;
-let otherServer: Server;
 let closeOther: () => Promise<void>;
 
 before(async () => {
   h = await startHarness({ POLL_RATE_BURST: '10000', DOWNLOAD_RATE_BURST: '10000' });
   // A second API process on the same database: its own container, so its own cache and pool.
-  const container = buildContainer({ ...h.config }, { clock: h.clock, log: () => {}, poolSize: 4 });
-  const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
-  otherServer = await new Promise((resolve) => {
-    const s = app.listen(0, '127.0.0.1', () => resolve(s));
-  });
-  other = new ApiClient(`http://127.0.0.1:${(otherServer.address() as AddressInfo).port}`);
-  closeOther = async () => {
-    otherServer.closeAllConnections();
-    await new Promise((resolve) => otherServer.close(resolve));
-    await container.resolve<Database>(TOKENS.Database).close();
-  };
+  const process = await startApiProcess(h, { poolSize: 4 });
+  other = process.api;
+  closeOther = process.close;
 });
 after(async () => {
   await closeOther();
@@ -176,13 +164,9 @@ test('usage the process already holds for the inbox version costs no scan of its
 test('an extend through another process ends a page kept while the inbox looked expired: its messages are listed again', async () => {
   // A process whose clock is 2 s ahead sees the inbox expired a moment before it really is.
   const ahead = { now: () => new Date(h.clock.now().getTime() + 2_000) };
-  const container = buildContainer({ ...h.config }, { clock: ahead, log: () => {}, poolSize: 2 });
-  const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
-  const server: Server = await new Promise((resolve) => {
-    const s = app.listen(0, '127.0.0.1', () => resolve(s));
-  });
+  const other = await startApiProcess(h, { clock: ahead });
   try {
-    const fast = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    const fast = other.api;
     const inbox = await h.provision();
     const token = inbox.credentials.reader;
     await h.deliver(inbox.inbox_id, 'Subject: one\r\n\r\n1\r\n');
@@ -199,8 +183,6 @@ test('an extend through another process ends a page kept while the inbox looked 
     assert.equal(after.json.inbox.state, 'live');
     assert.equal(after.json.messages.length, 1, 'the message is listed again');
   } finally {
-    server.closeAllConnections();
-    await new Promise((resolve) => server.close(resolve));
-    await container.resolve<Database>(TOKENS.Database).close();
+    await other.close();
   }
 });

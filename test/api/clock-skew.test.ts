@@ -4,15 +4,10 @@
  * without a stack, as during a database outage; and it answers as before once the clocks agree.
  */
 import assert from 'node:assert/strict';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, test } from 'node:test';
-import { buildContainer, TOKENS } from '../../src/container.ts';
 import { CheckedClock } from '../../src/core/clock-check.ts';
-import { createApp } from '../../src/http/app.ts';
-import type { HttpServices } from '../../src/http/services.ts';
-import type { Database } from '../../src/storage/database.ts';
-import { ApiClient, type Harness, startHarness } from '../support/harness.ts';
+import { startApiProcess } from '../support/api-process.ts';
+import { type Harness, startHarness } from '../support/harness.ts';
 
 let h: Harness;
 before(async () => {
@@ -24,13 +19,9 @@ test('while the clock is off, requests answer 500 logged once without a stack; t
   const inbox = await h.provision();
   const clock = new CheckedClock(h.clock);
   const lines: Record<string, unknown>[] = [];
-  const container = buildContainer({ ...h.config }, { clock, log: (line) => lines.push(line), poolSize: 2 });
-  const app = createApp(container.resolve<HttpServices>(TOKENS.HttpServices));
-  const server: Server = await new Promise((resolve) => {
-    const s = app.listen(0, '127.0.0.1', () => resolve(s));
-  });
+  const other = await startApiProcess(h, { clock, log: (line) => lines.push(line) });
   try {
-    const api = new ApiClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    const api = other.api;
     const status = () => api.get(`/v1/inboxes/${inbox.inbox_id}`, { token: inbox.credentials.reader });
     clock.skewed = "this host's clock is 1200 s ahead of PostgreSQL's (more than 30 s)";
     for (let i = 0; i < 5; i++) {
@@ -47,8 +38,6 @@ test('while the clock is off, requests answer 500 logged once without a stack; t
     clock.skewed = null;
     assert.equal((await status()).status, 200);
   } finally {
-    server.closeAllConnections();
-    await new Promise((resolve) => server.close(resolve));
-    await container.resolve<Database>(TOKENS.Database).close();
+    await other.close();
   }
 });
