@@ -1,10 +1,10 @@
 /**
  * clock-check - the host's clock against PostgreSQL's. Every time rule is evaluated on the host's
  * clock (clock.ts), against rows other hosts wrote; a clock far off PostgreSQL's decides wrongly what
- * cannot be undone. The jobs refuse to run (jobs/job.ts); the mail daemons run on a CheckedClock,
+ * cannot be undone. The jobs refuse to run (jobs/job.ts); every daemon runs on a CheckedClock,
  * which refuses to tell the time while the last reading was off, so every decision that needs "now"
- * fails and its adapter answers as for any internal failure: a temporary failure, never a lost or
- * bounced message. (A receiver 20 minutes fast answered `250 not kept: inbox expired` for deliveries
+ * fails and its adapter answers as for any internal failure: for mail a temporary failure, never a
+ * lost or bounced message; for the API a 500. (A receiver 20 minutes fast answered `250 not kept: inbox expired` for deliveries
  * into inboxes with minutes left, and kept nothing: lost, if the owner extended the inbox.)
  */
 import { type Clock, systemClock } from './clock.ts';
@@ -79,21 +79,28 @@ export function watchClock(
   clock: CheckedClock,
   databaseClockMs: () => Promise<number>,
   log: (line: Record<string, unknown>) => void,
-  options: { intervalMs?: number; wall?: () => number } = {},
+  options: { intervalMs?: number; retryMs?: number; wall?: () => number } = {},
 ): ClockWatch {
   const wall = options.wall ?? Date.now;
+  let known = false;
   const read = async () => {
     let skewMs: number;
     try {
       skewMs = await clockSkewMs(wall, databaseClockMs);
     } catch {
+      // Until a first reading succeeds, tried again every second, not every interval.
+      if (!known) setTimeout(() => void read(), options.retryMs ?? 1_000).unref();
       return;
     }
+    known = true;
     const skewed = skewMs === 0 ? null : describeSkew(skewMs);
     if (skewed === clock.skewed) return;
-    if (skewed === null) log({ msg: "clock agrees with PostgreSQL's again; mail is taken again" });
+    if (skewed === null) log({ msg: "clock agrees with PostgreSQL's again" });
     else if (clock.skewed === null)
-      log({ level: 'error', msg: `${skewed}: mail is deferred (4xx) until the clocks agree` });
+      log({
+        level: 'error',
+        msg: `${skewed}: what needs the time fails until the clocks agree (mail deferred with 4xx, API 500)`,
+      });
     clock.skewed = skewed;
   };
   const timer = setInterval(() => void read(), options.intervalMs ?? 30_000);

@@ -111,22 +111,25 @@ export class RecipientAdmission {
         if (request.instance !== current.instance) current = this.#transaction(current, request.instance);
         const { members, decided } = current;
         const inboxId = inboxIdOf(request.recipient, this.#settings.mailDomain);
-        const earlier = inboxId === null ? undefined : decided.get(inboxId);
-        if (earlier) return earlier;
         // Kept before it is decided: Postfix sends the same RCPT again (same instance, a new
         // connection) when this one took too long, and deciding it twice recorded its refusal twice.
-        const deciding = this.#admitRecipient(request, members).then((outcome) => {
-          if ('member' in outcome) members.push(outcome.member);
-          return 'member' in outcome ? ACCEPT : outcome.verdict;
-        });
-        if (inboxId !== null) {
-          decided.set(inboxId, deciding);
-          // A decision that failed (PostgreSQL away) is not kept: the retry decides again.
-          deciding.catch(() => {
-            if (decided.get(inboxId) === deciding) decided.delete(inboxId);
+        const decide = (): Promise<Verdict> => {
+          const deciding = this.#admitRecipient(request, members).then((outcome) => {
+            if ('member' in outcome) members.push(outcome.member);
+            return 'member' in outcome ? ACCEPT : outcome.verdict;
           });
-        }
-        return deciding;
+          if (inboxId !== null) {
+            decided.set(inboxId, deciding);
+            // A decision that failed (PostgreSQL away) is not kept.
+            deciding.catch(() => {
+              if (decided.get(inboxId) === deciding) decided.delete(inboxId);
+            });
+          }
+          return deciding;
+        };
+        const earlier = inboxId === null ? undefined : decided.get(inboxId);
+        // A retry waits for the decision in progress; should that fail, it decides again.
+        return earlier ? earlier.catch(decide) : decide();
       },
     };
   }
@@ -170,12 +173,14 @@ export class RecipientAdmission {
       : withUsage
         ? await this.#inboxes.findForDelivery(inboxId, now, names)
         : await this.#lookup.find(inboxId, names);
-    // Never refused from memory: what it kept can be up to its recheck (35 s) behind a change it was
-    // not told of (an extend, an opt-out removed), and these refusals are for good. Read again.
+    // Not refused from memory for what a change could have undone: what it kept can be up to its
+    // recheck (35 s) behind a change it was not told of (an extend, an opt-out removed), and these
+    // refusals are for good. Read again. (An inbox not found was read just now, the lookup keeps none;
+    // a cancel or a purge is never undone.)
     const refuses = (t: RecipientTarget | undefined) =>
-      !t ||
-      closedInbox(t.inbox, now, this.#replies, this.#settings) !== null ||
-      (senderDomain !== null && OptOuts.covering(senderDomain, t.optedOut) !== null);
+      t !== undefined &&
+      (closedInbox(t.inbox, now, this.#replies, this.#settings) === this.#replies.inboxExpired ||
+        (senderDomain !== null && OptOuts.covering(senderDomain, t.optedOut) !== null));
     if (inboxId && !withUsage && refuses(target))
       target = await this.#inboxes.findForDelivery(inboxId, now, names);
     const closed = closedInbox(target?.inbox, now, this.#replies, this.#settings);

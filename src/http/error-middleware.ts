@@ -35,8 +35,9 @@ export type Logger = (line: Record<string, unknown>) => void;
 export const UNAVAILABLE_LOG_MS = 10_000;
 
 export function errorMiddleware(log: Logger, databaseUnavailable: (error: unknown) => boolean = () => false) {
-  let lastUnavailableLog = Number.NEGATIVE_INFINITY;
-  let leftOut = 0;
+  // Per cause, so that one does not hide the other's line.
+  const lastLog = new Map<string, number>();
+  const leftOut = new Map<string, number>();
   const logInternal = (line: Record<string, unknown>, caught: unknown) => {
     // This host's clock disagreeing with PostgreSQL's (core/clock-check.ts) fails every request alike too.
     const cause =
@@ -50,13 +51,13 @@ export function errorMiddleware(log: Logger, databaseUnavailable: (error: unknow
       return;
     }
     const now = performance.now();
-    if (now - lastUnavailableLog < UNAVAILABLE_LOG_MS) {
-      leftOut++;
+    if (now - (lastLog.get(cause) ?? Number.NEGATIVE_INFINITY) < UNAVAILABLE_LOG_MS) {
+      leftOut.set(cause, (leftOut.get(cause) ?? 0) + 1);
       return;
     }
-    lastUnavailableLog = now;
-    log({ ...line, cause, error: String(caught), left_out: leftOut });
-    leftOut = 0;
+    lastLog.set(cause, now);
+    log({ ...line, cause, error: String(caught), left_out: leftOut.get(cause) ?? 0 });
+    leftOut.set(cause, 0);
   };
   return async (ctx: Context, next: Next): Promise<void> => {
     try {

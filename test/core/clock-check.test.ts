@@ -50,7 +50,7 @@ test('a clock off PostgreSQL by more than the bound stops telling the time until
   assert.deepEqual(lines, [
     {
       level: 'error',
-      msg: "this host's clock is 1200 s ahead of PostgreSQL's (more than 30 s): mail is deferred (4xx) until the clocks agree",
+      msg: "this host's clock is 1200 s ahead of PostgreSQL's (more than 30 s): what needs the time fails until the clocks agree (mail deferred with 4xx, API 500)",
     },
   ]);
 
@@ -70,7 +70,7 @@ test('a clock off PostgreSQL by more than the bound stops telling the time until
   await read();
   assert.equal(clock.skewed, null);
   assert.equal(clock.now().getTime(), database);
-  assert.deepEqual(lines.at(-1), { msg: "clock agrees with PostgreSQL's again; mail is taken again" });
+  assert.deepEqual(lines.at(-1), { msg: "clock agrees with PostgreSQL's again" });
 });
 
 test('a reservation ledger on a refusing clock opens no decision and leaves nothing open; its heartbeat goes on at its last instant', () => {
@@ -96,4 +96,28 @@ test('a reservation ledger on a refusing clock opens no decision and leaves noth
   assert.equal(ledger.openCount, 1);
   decision.close();
   assert.equal(ledger.openCount, 0);
+});
+
+test('until a first reading succeeds it is tried again every retryMs, not every interval', async () => {
+  const database = 1_700_000_000_000;
+  let failures = 3;
+  const clock = new CheckedClock({ now: () => new Date(database) });
+  const watch = watchClock(
+    clock,
+    async () => {
+      if (failures-- > 0) throw new Error('connect ECONNREFUSED');
+      return database;
+    },
+    () => {},
+    { wall: () => database + 20 * 60_000, intervalMs: 3_600_000, retryMs: 5 },
+  );
+  try {
+    await watch.first;
+    assert.equal(clock.skewed, null, 'the first reading failed');
+    for (let waited = 0; clock.skewed === null && waited < 2_000; waited += 5)
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    assert.match(clock.skewed ?? '', /1200 s ahead/);
+  } finally {
+    watch.stop();
+  }
 });

@@ -104,3 +104,36 @@ test('an RCPT asked again while its decision is still being made (Postfix gave u
   assert.deepEqual([shown(await first), shown(await again)], ['555 5.7.1', '555 5.7.1']);
   assert.equal(recorded, 1, 'one refusal, recorded once');
 });
+
+test('a retried RCPT whose first decision then fails decides afresh', async () => {
+  const inbox = await h.provision();
+  const lookup = h.container.resolve<RecipientLookup>(TOKENS.RecipientLookup);
+  let calls = 0;
+  let fail: (error: Error) => void = () => {};
+  const flaky: RecipientLookup = {
+    find: (...args) => {
+      calls++;
+      if (calls > 1) return lookup.find(...args);
+      return new Promise((_, reject) => {
+        fail = reject;
+      });
+    },
+  };
+  const retrying = new RecipientAdmission(
+    h.inboxes,
+    flaky,
+    h.messages,
+    h.container.resolve<ReverseDns>(TOKENS.ReverseDns),
+    h.clock,
+    h.container.resolve<SmtpReplies>(TOKENS.SmtpReplies),
+    h.config,
+  );
+  const ask = request('6717.10.a.0', inbox.address);
+  const first = retrying.connection().decide(ask);
+  first.catch(() => {});
+  const again = retrying.connection().decide(ask);
+  fail(new Error('Connection terminated unexpectedly'));
+  await assert.rejects(first, /Connection terminated/);
+  assert.equal(shown(await again), 'accept');
+  assert.equal(calls, 2);
+});

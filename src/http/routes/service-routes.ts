@@ -3,8 +3,8 @@
  *
  * `GET /v1/health` is the contract's (section 9). `GET /livez` and `GET /readyz` are for operators
  * and orchestrators, outside /v1 and outside the OpenAPI document: live while the process answers;
- * ready (200) when the database answers `SELECT 1` (and, under `all`, our Postfix runs), else 503
- * (src/ops/health.ts).
+ * ready (200) when the database answers `SELECT 1` and the clock agrees with PostgreSQL's (and, under
+ * `all`, our Postfix runs), else 503 (src/ops/health.ts, src/core/clock-check.ts).
  */
 import type Router from '@koa/router';
 import { openApiDocument } from '../openapi.ts';
