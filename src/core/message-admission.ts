@@ -197,7 +197,7 @@ export class MessageAdmission {
       queueId: facts.queueId,
       sizeBytes: reservedBytes,
       envelopeFrom: facts.envelopeFrom,
-      now,
+      now: decision.reservedAt,
       reservedBy,
     }));
     // The keys were named when the decision opened: if this commits and the process dies before the

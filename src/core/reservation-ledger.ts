@@ -5,14 +5,17 @@
  * migrations/20261207000000_reservation_owner.ts).
  *
  * A decision is opened with the keys of every row it may reserve (one new message id per addressed
- * inbox, made here, before anything is read) and its instant, which is the `reserved_at` of those rows;
+ * inbox, made here, before anything is read), the clock's time it decides by, and its instant, which
+ * is the `reserved_at` of those rows;
  * it closes once its answer was handed to the MTA, once it is known to have reserved nothing, or once
  * what it reserved was withdrawn. A snapshot names the keys of every open decision and an instant
  * `answeredBefore`: every decision opened later has an instant at or after it. So a row of this
  * process that a snapshot neither names nor dates at or after `answeredBefore` was answered (or
  * withdrawn) before that snapshot; one answered within the snapshot's millisecond counts as not (it is
  * released with the ghosts if the process dies, as what it answers after its last heartbeat is).
- * Instants never go back, even if the wall clock is stepped back: each is at least the last one.
+ * Instants never go back, even if the wall clock is stepped back: each is at least the last one. What
+ * a decision decides by is the clock's own time: a clock stepped back after running ahead dated
+ * decisions ahead, and refused mail for inboxes with minutes left as expired, until it caught up.
  *
  * The process is named by `incarnation` (a random uuid per start). A decision names it only if the
  * heartbeat row existed when it opened and the process was not stopping (owner): a row naming a milter
@@ -24,8 +27,13 @@ import type { MessageKey } from './ports.ts';
 export interface Decision {
   /** The incarnation to write on its reservations, or null (left to the clean-up job). */
   readonly owner: string | null;
-  /** Its instant: what it decides by, and the `reserved_at` of what it reserves. */
+  /** What it decides by (expiry, purge): the clock's time when it opened. */
   readonly now: Date;
+  /**
+   * The `reserved_at` of what it reserves: its time, or the last instant handed out if the clock went
+   * back since (a heartbeat may have named that instant: a row dated before it would pass for answered).
+   */
+  readonly reservedAt: Date;
   /** Every row it may reserve; it reserves some, all or none of them. */
   readonly keys: readonly MessageKey[];
   /** More calls do nothing. */
@@ -39,7 +47,7 @@ export interface LedgerSnapshot {
 
 /** A decision outside any ledger: no owner, nothing tracked. */
 export function untrackedDecision(keys: MessageKey[], now: Date): Decision {
-  return { owner: null, now, keys, close() {} };
+  return { owner: null, now, reservedAt: now, keys, close() {} };
 }
 
 export class ReservationLedger {
@@ -68,12 +76,14 @@ export class ReservationLedger {
 
   open(keys: MessageKey[]): Decision {
     // First: a clock that refuses (clock-check.ts) must not leave keys behind that nothing closes.
-    const now = this.#instant();
+    const now = this.#clock.now();
+    const reservedAt = this.#after(now);
     const tracked: readonly MessageKey[] = [...keys];
     this.#open.add(tracked);
     return {
       owner: this.#registered && !this.#retired ? this.incarnation : null,
       now,
+      reservedAt,
       keys: tracked,
       close: () => {
         this.#open.delete(tracked);
@@ -91,7 +101,6 @@ export class ReservationLedger {
     return this.#open.size;
   }
 
-  /** The clock's time, or the last instant handed out if the clock went back since. */
   /**
    * The instant a snapshot names. While the clock refuses (core/clock-check.ts) no decision opens, so
    * the last instant handed out still bounds every later one: the heartbeat goes on with it (failing,
@@ -100,15 +109,18 @@ export class ReservationLedger {
    * after its correction 20 minutes ahead, and refused mail for inboxes with minutes left.
    */
   #answeredBefore(): Date {
+    let now: Date;
     try {
-      return this.#instant();
+      now = this.#clock.now();
     } catch {
       return new Date(this.#last);
     }
+    return this.#after(now);
   }
 
-  #instant(): Date {
-    this.#last = Math.max(this.#last, this.#clock.now().getTime());
+  /** `now`, or the last instant handed out if the clock went back since; it becomes the last. */
+  #after(now: Date): Date {
+    this.#last = Math.max(this.#last, now.getTime());
     return new Date(this.#last);
   }
 }

@@ -93,6 +93,7 @@ test('a reservation ledger on a refusing clock opens no decision and leaves noth
   clock.skewed = null;
   const decision = ledger.open([{ inboxId: 'a'.repeat(20), messageId: 'm9' }]);
   assert.equal(decision.now.getTime(), start + 30_000);
+  assert.equal(decision.reservedAt.getTime(), start + 30_000);
   assert.equal(ledger.openCount, 1);
   decision.close();
   assert.equal(ledger.openCount, 0);
@@ -120,4 +121,17 @@ test('until a first reading succeeds it is tried again every retryMs, not every 
   } finally {
     watch.stop();
   }
+});
+
+test('a clock stepped back after running ahead: decisions go by its time, their reservations keep the last instant', () => {
+  const start = 1_700_000_000_000;
+  let now = start + 20 * 60_000; // ahead, before a reading caught it
+  const ledger = new ReservationLedger('incarnation', { now: () => new Date(now) });
+  ledger.open([]).close();
+  assert.deepEqual(ledger.snapshot().answeredBefore, new Date(start + 20 * 60_000));
+  now = start; // corrected
+  const decision = ledger.open([{ inboxId: 'a'.repeat(20), messageId: 'm1' }]);
+  assert.equal(decision.now.getTime(), start, 'decided by the corrected time');
+  assert.equal(decision.reservedAt.getTime(), start + 20 * 60_000, 'never dated before a named instant');
+  decision.close();
 });
