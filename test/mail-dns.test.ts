@@ -78,11 +78,20 @@ test('a name c-ares refuses as malformed is not found, not a DNS failure, and is
   const { promises } = await import('node:dns');
   const resolver = new promises.Resolver({ timeout: 200, tries: 1 });
   resolver.setServers(['127.0.0.1:9']);
-  const cache = new CachingLookup(resolver);
-  for (const name of [
+  let asked = 0;
+  const counting = {
+    resolve: (name: string, rrtype: string) => {
+      asked++;
+      return resolver.resolve(name, rrtype);
+    },
+  } as unknown as typeof resolver;
+  const cache = new CachingLookup(counting);
+  const names = [
     'bad!sel._domainkey.bank.test',
     'x y._domainkey.bank.test',
     `${'a'.repeat(64)}._domainkey.bank.test`,
-  ])
+  ];
+  for (const name of [...names, ...names])
     await assert.rejects(cache.resolve(name, 'TXT'), { code: 'ENOTFOUND' }, name);
+  assert.equal(asked, names.length, 'each asked once: kept as not found');
 });

@@ -83,13 +83,18 @@ export function watchClock(
 ): ClockWatch {
   const wall = options.wall ?? Date.now;
   let known = false;
+  let stopped = false;
+  let retry: NodeJS.Timeout | undefined;
   const read = async () => {
     let skewMs: number;
     try {
       skewMs = await clockSkewMs(wall, databaseClockMs);
     } catch {
       // Until a first reading succeeds, tried again every second, not every interval.
-      if (!known) setTimeout(() => void read(), options.retryMs ?? 1_000).unref();
+      if (!known && !stopped) {
+        retry = setTimeout(() => void read(), options.retryMs ?? 1_000);
+        retry.unref();
+      }
       return;
     }
     known = true;
@@ -105,5 +110,12 @@ export function watchClock(
   };
   const timer = setInterval(() => void read(), options.intervalMs ?? 30_000);
   timer.unref();
-  return { first: read(), stop: () => clearInterval(timer) };
+  return {
+    first: read(),
+    stop: () => {
+      stopped = true;
+      clearInterval(timer);
+      clearTimeout(retry);
+    },
+  };
 }

@@ -146,10 +146,32 @@ test('a reservation whose connection broke while it waited for the inbox lock, a
   // Another transaction holds the inbox row, so the reservation waits for it inside PostgreSQL.
   const locker = new pg.Client({ connectionString: h.database.url });
   await locker.connect();
+  // The withdrawals, in steps the test opens: the first is seen done; the second waits for the gate.
+  let withdrawals = 0;
+  let firstDone: () => void = () => {};
+  const firstWithdrawn = new Promise<void>((resolve) => {
+    firstDone = resolve;
+  });
+  let openGate: () => void = () => {};
+  const gate = new Promise<void>((resolve) => {
+    openGate = resolve;
+  });
+  const gated = storeWith(h, 'withdrawReservations', (target) => async (keys) => {
+    withdrawals++;
+    if (withdrawals === 1) {
+      const removed = await target.withdrawReservations(keys);
+      firstDone();
+      return removed;
+    }
+    await gate;
+    return target.withdrawReservations(keys);
+  });
+  let undoing: Promise<void> | undefined;
   try {
+    const lockerPid = (await locker.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]?.pid;
     await locker.query('BEGIN');
     await locker.query('SELECT 1 FROM inboxes WHERE inbox_id = $1 FOR UPDATE', [inbox.inbox_id]);
-    const settling = milterCheckOver(h, { settleMs: 1_500, withdrawRetryMs: [10, 10] });
+    const settling = milterCheckOver(h, { store: gated, settleMs: 20, withdrawRetryMs: [10, 10] });
     const consumer = settling.beginMessage(
       milterEnvelope({ queueId: 'QSETTLE1', recipients: [inbox.address] }),
       headers,
@@ -157,18 +179,18 @@ test('a reservation whose connection broke while it waited for the inbox lock, a
     await consumer.body(Buffer.from('body\r\n'));
     const ending = consumer.end();
     ending.catch(() => {});
-    // The connection breaks on our side only (a reset proxy, a flushed NAT entry): its backend waits on.
-    let waiting: number | undefined;
-    for (let i = 0; i < 200 && waiting === undefined; i++) {
-      const row = (
-        await locker.query<{ pid: number }>(
-          `SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
-        )
-      ).rows[0];
-      waiting = row?.pid;
-      if (waiting === undefined) await sleep(10);
+    // The backend blocked by the locker (read from the lock table, pg_blocking_pids: exact).
+    let waiting = 0;
+    for (let i = 0; i < 500 && waiting === 0; i++) {
+      waiting = await scalar(
+        h,
+        'SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))',
+        [lockerPid],
+      );
+      if (waiting === 0) await sleep(10);
     }
     assert.ok(waiting, 'the reservation waits for the inbox lock');
+    // The connection breaks on our side only (a reset proxy, a flushed NAT entry): its backend waits on.
     const clients = (
       h.container.resolve<Database>(TOKENS.Database).pool as unknown as { _clients: pg.Client[] }
     )._clients;
@@ -178,21 +200,26 @@ test('a reservation whose connection broke while it waited for the inbox lock, a
     await assert.rejects(ending, /Connection terminated|ECONNRESET|EPIPE/);
 
     // The MTA heard `t`; the withdrawal runs at once and finds nothing yet.
-    const undoing = consumer.undelivered();
-    await sleep(300);
+    undoing = consumer.undelivered();
+    undoing.catch(() => {});
+    await firstWithdrawn;
     await locker.query('COMMIT');
     // The orphaned statement now commits its reservation.
     let held = 0;
-    for (let i = 0; i < 100 && held === 0; i++) {
-      held = Number(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QSETTLE1'`));
+    for (let i = 0; i < 500 && held === 0; i++) {
+      held = await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QSETTLE1'`);
       if (held === 0) await sleep(10);
     }
     assert.equal(held, 1, 'the reservation committed after the withdrawal');
 
+    openGate();
     await undoing;
+    assert.equal(withdrawals, 2, 'withdrawn again');
     assert.equal(await scalar(h, `SELECT count(*) FROM messages WHERE queue_id = 'QSETTLE1'`), 0);
     assert.equal(await used(inbox), 0);
   } finally {
+    openGate();
+    await undoing?.catch(() => {});
     await locker.end();
   }
 });

@@ -97,7 +97,10 @@ test('an RCPT asked again while its decision is still being made (Postfix gave u
   );
   const ask = { ...request('6717.9.a.0', inbox.address), sender: 'news@retried-optout.test' };
   const first = retrying.connection().decide(ask);
-  while (recorded === 0) await new Promise((resolve) => setImmediate(resolve));
+  for (let waited = 0; recorded === 0; waited += 5) {
+    assert.ok(waited < 5_000, 'the refusal is being recorded');
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
   // Postfix's policy client timed out; the same RCPT of the same transaction comes on a new connection.
   const again = retrying.connection().decide(ask);
   release();
@@ -110,10 +113,15 @@ test('a retried RCPT whose first decision then fails decides afresh', async () =
   const lookup = h.container.resolve<RecipientLookup>(TOKENS.RecipientLookup);
   let calls = 0;
   let fail: (error: Error) => void = () => {};
+  let asked: () => void = () => {};
+  const firstAsked = new Promise<void>((resolve) => {
+    asked = resolve;
+  });
   const flaky: RecipientLookup = {
     find: (...args) => {
       calls++;
       if (calls > 1) return lookup.find(...args);
+      asked();
       return new Promise((_, reject) => {
         fail = reject;
       });
@@ -131,6 +139,7 @@ test('a retried RCPT whose first decision then fails decides afresh', async () =
   const ask = request('6717.10.a.0', inbox.address);
   const first = retrying.connection().decide(ask);
   first.catch(() => {});
+  await firstAsked;
   const again = retrying.connection().decide(ask);
   fail(new Error('Connection terminated unexpectedly'));
   await assert.rejects(first, /Connection terminated/);

@@ -6,6 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import type pg from 'pg';
 import { TOKENS } from '../../src/container.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { PgInboxStore } from '../../src/storage/inbox-store.ts';
@@ -14,23 +15,30 @@ import { type Harness, startHarness } from '../support/harness.ts';
 let h: Harness;
 let db: Database;
 
-/** Sessions of this database waiting for a lock. */
-const waiters = async (): Promise<number | undefined> =>
-  (
-    await db.rows<{ n: number }>(
-      'test-cancel-waiters',
-      `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`,
-      [],
-    )
-  )[0]?.n;
+/** The backend's pid of a pooled client. */
+const pidOf = async (client: pg.PoolClient): Promise<number> =>
+  Number((await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]?.pid);
 
-/** Waits until exactly one session waits for a lock; fails with `what` after 5 s. */
-async function oneWaiting(what: string): Promise<void> {
-  for (let waited = 0; (await waiters()) !== 1; waited += 20) {
+/** How many sessions `pid` blocks, from the lock table (pg_blocking_pids: exact, never a stale wait). */
+const blockedBy = async (pid: number): Promise<number> =>
+  Number(
+    (
+      await db.rows<{ n: number }>(
+        'test-cancel-blocked-by',
+        'SELECT count(*)::int AS n FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))',
+        [pid],
+      )
+    )[0]?.n,
+  );
+
+/** Waits until `pid` blocks another session (or `done()`); fails with `what` after 5 s. */
+async function blocking(pid: number, what: string, done: () => boolean = () => false): Promise<void> {
+  for (let waited = 0; !done() && (await blockedBy(pid)) === 0; waited += 20) {
     assert.ok(waited < 5000, what);
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
 }
+
 before(async () => {
   h = await startHarness();
   db = h.container.resolve<Database>(TOKENS.Database);
@@ -41,6 +49,7 @@ test('a cancel racing a store waits for it, then deletes its message: no deadloc
   const inbox = await h.provision();
   const store = await db.pool.connect();
   try {
+    const storePid = await pidOf(store);
     // A reserved message (the milter's step), then its store, stopped between its two halves: it
     // holds its message's row, not yet the inbox row.
     await db.rows(
@@ -60,7 +69,7 @@ test('a cancel racing a store waits for it, then deletes its message: no deadloc
     );
 
     const cancelled = new PgInboxStore(db).cancel(inbox.inbox_id, new Date());
-    await oneWaiting('the cancel never waited for the store');
+    await blocking(storePid, 'the cancel never waited for the store');
     // The store's second half takes the inbox row; with the cancel holding it, this would deadlock.
     await store.query(
       `SELECT finish_delivery($1, $2, 4, 262144, NULL, NULL, NULL, NULL, NULL, NULL, now())`,
@@ -87,6 +96,8 @@ test('a reservation committed while a cancel waits for a row, whose store begins
   const holder = await db.pool.connect();
   const store = await db.pool.connect();
   try {
+    const holderPid = await pidOf(holder);
+    const storePid = await pidOf(store);
     // A download or a job holds the stored message's row: the cancel's first step waits for it.
     await holder.query('BEGIN');
     await holder.query('SELECT 1 FROM messages WHERE inbox_id = $1 FOR UPDATE', [inbox.inbox_id]);
@@ -96,7 +107,7 @@ test('a reservation committed while a cancel waits for a row, whose store begins
       () => (settled = true),
       () => (settled = true),
     );
-    await oneWaiting('the cancel never waited');
+    await blocking(holderPid, 'the cancel never waited');
     // Meanwhile a message is reserved (the inbox row is free) and its store begins: it holds its row.
     await db.rows(
       'test-cancel-reserve-late',
@@ -114,8 +125,8 @@ test('a reservation committed while a cancel waits for a row, whose store begins
     );
     // The cancel goes on: it takes the inbox row, and must not wait for the store's message row.
     await holder.query('COMMIT');
-    for (let waited = 0; !settled && (await waiters()) === 0 && waited < 5000; waited += 20)
-      await new Promise((resolve) => setTimeout(resolve, 20));
+    // Done, or (without the skip) waiting for the store's row: either way before the store goes on.
+    await blocking(storePid, 'the cancel neither finished nor waited for the store', () => settled);
     // The store's second half takes the inbox row: it finds the inbox cancelled and keeps nothing.
     const finished = await store.query<{ kind: string }>(
       `SELECT finish_delivery_outcome($1, 'msg_cancel_late', 4, 262144, NULL, NULL, NULL, NULL, NULL, NULL, now()) AS kind`,
@@ -154,10 +165,12 @@ test('a message stored while a cancel waits, and held by a mark when the cancel 
   const holder = await db.pool.connect();
   const marker = await db.pool.connect();
   try {
+    const holderPid = await pidOf(holder);
+    const markerPid = await pidOf(marker);
     await holder.query('BEGIN');
     await holder.query('SELECT 1 FROM messages WHERE inbox_id = $1 FOR UPDATE', [inbox.inbox_id]);
     const cancelled = new PgInboxStore(db).cancel(inbox.inbox_id, new Date());
-    await oneWaiting('the cancel never waited');
+    await blocking(holderPid, 'the cancel never waited');
     // Stored meanwhile (the inbox row is free), then held as a download's mark holds it.
     const late = await h.deliver(inbox.inbox_id, 'Subject: late\r\n\r\nlate\r\n');
     await marker.query('BEGIN');
@@ -167,7 +180,7 @@ test('a message stored while a cancel waits, and held by a mark when the cancel 
     ]);
     await holder.query('COMMIT');
     // The cancel skips the held row, commits, then waits for it to delete it.
-    await oneWaiting('the cancel never came back for the held message');
+    await blocking(markerPid, 'the cancel never came back for the held message');
     await marker.query('COMMIT');
     assert.ok(await cancelled, 'the cancel went through');
     const rows = await db.rows<{ state: string; chunks: number }>(

@@ -74,12 +74,23 @@ test('a store that made its own message row (no reservation) does not hold back 
       envelopeFrom: 's@example.test',
       now: h.clock.now(),
     });
-    let timer: NodeJS.Timeout | undefined;
-    const waited = new Promise<'waited'>((resolve) => {
-      timer = setTimeout(() => resolve('waited'), 3_000);
-    });
-    assert.equal(await Promise.race([reserving, waited]), 'reserved');
-    clearTimeout(timer);
+    // It returns while the store is still open; a reservation that waited for the store's lock would be
+    // a session the store blocks (pg_blocking_pids, from the lock table).
+    let settled = false;
+    reserving.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
+    const storePid = (await store.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]?.pid;
+    while (!settled) {
+      const blocked = await db.pool.query<{ n: number }>(
+        'SELECT count(*)::int AS n FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))',
+        [storePid],
+      );
+      assert.equal(blocked.rows[0]?.n, 0, 'the reservation waits for the store');
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    assert.equal(await reserving, 'reserved');
   } finally {
     await store.query('ROLLBACK');
     store.release();
