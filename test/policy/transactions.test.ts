@@ -8,11 +8,11 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { TOKENS } from '../../src/container.ts';
-import type { MessageStore, RecipientLookup, ReverseDns } from '../../src/core/ports.ts';
-import { RecipientAdmission, type RecipientRequest } from '../../src/core/recipient-admission.ts';
-import type { SmtpReplies } from '../../src/core/smtp-replies.ts';
+import type { MessageStore, RecipientLookup } from '../../src/core/ports.ts';
+import type { RecipientAdmission, RecipientRequest } from '../../src/core/recipient-admission.ts';
 import type { Verdict } from '../../src/core/verdict.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
+import { recipientAdmissionOver } from '../support/recipient-admission-over.ts';
 
 let h: Harness;
 let admission: RecipientAdmission;
@@ -86,15 +86,7 @@ test('an RCPT asked again while its decision is still being made (Postfix gave u
       return typeof value === 'function' ? value.bind(target) : value;
     },
   });
-  const retrying = new RecipientAdmission(
-    h.inboxes,
-    h.container.resolve<RecipientLookup>(TOKENS.RecipientLookup),
-    slow,
-    h.container.resolve<ReverseDns>(TOKENS.ReverseDns),
-    h.clock,
-    h.container.resolve<SmtpReplies>(TOKENS.SmtpReplies),
-    h.config,
-  );
+  const retrying = recipientAdmissionOver(h, { messages: slow });
   const ask = { ...request('6717.9.a.0', inbox.address), sender: 'news@retried-optout.test' };
   const first = retrying.connection().decide(ask);
   for (let waited = 0; recorded === 0; waited += 5) {
@@ -127,15 +119,7 @@ test('a retried RCPT whose first decision then fails decides afresh', async () =
       });
     },
   };
-  const retrying = new RecipientAdmission(
-    h.inboxes,
-    flaky,
-    h.messages,
-    h.container.resolve<ReverseDns>(TOKENS.ReverseDns),
-    h.clock,
-    h.container.resolve<SmtpReplies>(TOKENS.SmtpReplies),
-    h.config,
-  );
+  const retrying = recipientAdmissionOver(h, { lookup: flaky });
   const ask = request('6717.10.a.0', inbox.address);
   const first = retrying.connection().decide(ask);
   first.catch(() => {});

@@ -11,14 +11,13 @@ import { after, before, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { TOKENS } from '../../src/container.ts';
-import type { RecipientTarget, ReverseDns } from '../../src/core/ports.ts';
-import { RecipientAdmission } from '../../src/core/recipient-admission.ts';
-import type { SmtpReplies } from '../../src/core/smtp-replies.ts';
+import type { RecipientTarget } from '../../src/core/ports.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { InboxChangeFeed } from '../../src/storage/inbox-changes.ts';
 import { PgRecipientLookup } from '../../src/storage/recipient-lookup.ts';
 import { freshDatabase, type TestDatabase } from '../support/database.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
+import { recipientAdmissionOver } from '../support/recipient-admission-over.ts';
 
 let h: Harness;
 let db: Database;
@@ -303,15 +302,7 @@ test('sync() returns once every change committed before it has been passed on: t
 
 test('the policy daemon never refuses from what it kept: an extend it was not told of reads again at RCPT', async () => {
   const { lookup } = await listeningLookup();
-  const admission = new RecipientAdmission(
-    h.inboxes,
-    lookup,
-    h.messages,
-    h.container.resolve<ReverseDns>(TOKENS.ReverseDns),
-    h.clock,
-    h.container.resolve<SmtpReplies>(TOKENS.SmtpReplies),
-    h.config,
-  );
+  const admission = recipientAdmissionOver(h, { lookup });
   const inbox = await h.provision();
   const rcpt = (instance: string) =>
     admission.connection().decide({
