@@ -402,17 +402,15 @@ export class PgSweeperStore implements SweeperStore {
     now: Date,
     limit: number,
   ): Promise<Freed & { inboxes: number }> {
-    // The usage changes: the held-bytes trigger moves each inbox's version with its counter. The pick
-    // takes the inbox rows itself, skipping those another transaction holds, so the batch never waits
-    // for one: waiting, it could deadlock with a reservation for several inboxes (one that holds a row
-    // the batch needs while it waits for one the batch holds), or fail the batch at lock_timeout.
+    // The usage changes: the held-bytes trigger moves each inbox's version with its counter, locking the
+    // inbox rows in key order as a reservation does (an update of the rows here, in hash order, could
+    // deadlock with a reservation for two of them).
     const [row] = await this.#batch((client) =>
       query<{ messages: number; bytes: number; inboxes: number }>(
         client,
         `WITH due AS (
-         SELECT m.inbox_id, m.message_id FROM messages m JOIN inboxes i ON i.inbox_id = m.inbox_id
-         WHERE m.state = 'in_flight' AND m.reserved_at <= $1
-         LIMIT $3 FOR UPDATE OF m SKIP LOCKED FOR NO KEY UPDATE OF i SKIP LOCKED),
+         SELECT inbox_id, message_id FROM messages WHERE state = 'in_flight' AND reserved_at <= $1
+         LIMIT $3 FOR UPDATE SKIP LOCKED),
        released AS (
          UPDATE messages m SET state = 'deleted', deleted_reason = 'released', deleted_at = $2
          FROM due WHERE m.inbox_id = due.inbox_id AND m.message_id = due.message_id
