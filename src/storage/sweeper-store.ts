@@ -60,17 +60,10 @@ export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
  */
 export const JOB_LOCK_LEASE_MS = 60_000;
 
-/**
- * delete-messages' pick of the messages whose delete_after has passed (indexes.test.ts plans it). Their
- * inbox rows are taken too, skipping those another transaction holds: the held-bytes trigger updates
- * them, and waited for one held 20 s (a stalled extend, cancel or store) until the batch failed on
- * lock_timeout; the pick's order made every run fail the same way, for every inbox.
- */
-export const DELETE_DUE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
-  FROM messages m JOIN inboxes i ON i.inbox_id = m.inbox_id
-  WHERE m.state = 'stored' AND m.delete_after IS NOT NULL AND m.delete_after <= $1
-  ORDER BY m.delete_after LIMIT $2
-  FOR UPDATE OF m SKIP LOCKED FOR NO KEY UPDATE OF i SKIP LOCKED`;
+/** delete-messages' pick of the messages whose delete_after has passed (indexes.test.ts plans it). */
+export const DELETE_DUE_PICK_SQL = `SELECT inbox_id, message_id, size_bytes FROM messages
+  WHERE state = 'stored' AND delete_after IS NOT NULL AND delete_after <= $1
+  ORDER BY delete_after LIMIT $2 FOR UPDATE SKIP LOCKED`;
 
 /**
  * drop-tombstones' pick ($1 deleted before, $2 reserved before, $3 now, $4 limit): rows past their 410

@@ -152,28 +152,3 @@ test('the lost-copy check reads a bounded number of pages per run and goes round
   );
   assert.ok(seen.reduce((a, b) => a + b, 0) >= stored, `every stored message checked once: ${seen}`);
 });
-
-test('an inbox whose row another transaction holds is skipped, not waited for: the other inboxes due are deleted', async () => {
-  const jobs = testJobs(h);
-  const held = await h.provision();
-  const free = await h.provision();
-  const heldId = await h.deliver(held.inbox_id, 'Subject: held\r\n\r\nheld\r\n');
-  const freeId = await h.deliver(free.inbox_id, 'Subject: free\r\n\r\nfree\r\n');
-  assert.equal((await download(held, heldId)).status, 200);
-  assert.equal((await download(free, freeId)).status, 200);
-  h.clock.advance(h.config.downloadGraceSeconds + 1);
-  const client = await h.container.resolve<Database>(TOKENS.Database).pool.connect();
-  try {
-    await client.query('BEGIN');
-    await client.query('SELECT 1 FROM inboxes WHERE inbox_id = $1 FOR UPDATE', [held.inbox_id]);
-    const report = await jobs.run('delete-messages');
-    assert.equal(report.error, undefined, JSON.stringify(report));
-    assert.equal((await reasonOf(free.inbox_id, freeId))?.state, 'deleted');
-    assert.equal((await reasonOf(held.inbox_id, heldId))?.state, 'stored');
-  } finally {
-    await client.query('ROLLBACK');
-    client.release();
-  }
-  await jobs.run('delete-messages');
-  assert.equal((await reasonOf(held.inbox_id, heldId))?.state, 'deleted');
-});
