@@ -15,8 +15,9 @@
  *
  * SIGTERM or SIGINT: readiness turns 503 at once; Postfix stops first (`all`), then every daemon at
  * once stops accepting and finishes what it has in flight for up to SHUTDOWN_GRACE_SECONDS (see each
- * daemon's header; the job schedule stops after its current batch); then the pool and the metrics server close and the process exits 0. Should that take more than the
- * grace plus 10 s, or a second signal come, the process exits 1 at once.
+ * daemon's header; the job schedule stops after its current batch); then the pool and the metrics
+ * server close and the process exits 0. Should that take more than the grace plus 10 s, or a second
+ * signal come, the process exits 1 at once.
  */
 import { dirname } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -35,15 +36,6 @@ import type { Database } from './storage/database.ts';
 
 const ENTRIES = ['api', 'policy', 'milter', 'lmtp', 'jobs', 'migrate', 'all'] as const;
 type Entry = (typeof ENTRIES)[number];
-/** The entries that run on a clock checked against PostgreSQL's: every one that stays up. */
-const CHECKED_ENTRIES: ReadonlySet<Entry> = new Set<Entry>([
-  'api',
-  'policy',
-  'milter',
-  'lmtp',
-  'jobs',
-  'all',
-]);
 
 /** A TCP listen with the port actually bound (port 0 picks one); a socket path as it was. */
 const boundListen = (listen: Listen, port: number | undefined): Listen =>
@@ -91,18 +83,18 @@ async function main(argv: string[]): Promise<void> {
     if (entry === 'migrate') return;
   }
   const all = entry === 'all';
-  // The daemons tell the time only while it agrees with PostgreSQL's (core/clock-check.ts): the mail
+  // Every daemon tells the time only while it agrees with PostgreSQL's (core/clock-check.ts): the mail
   // daemons then defer mail, the API answers 500 (and is not ready), the jobs' runs fail.
-  const clock = CHECKED_ENTRIES.has(entry) ? new CheckedClock() : undefined;
+  const clock = new CheckedClock();
   const container = buildContainer(config, {
     log: logOf(all ? 'service' : entry),
     poolSize: all ? 20 : 10,
-    ...(clock && { clock }),
+    clock,
   });
   const health = container.resolve<Health>(TOKENS.Health);
   const database = container.resolve<Database>(TOKENS.Database);
-  const clockWatch = clock && watchClock(clock, () => database.clockMs(), log);
-  if (clock) health.watch('clock', () => clock.skewed ?? 'ok');
+  const clockWatch = watchClock(clock, () => database.clockMs(), log);
+  health.watch('clock', () => clock.skewed ?? 'ok');
   const graceMs = config.shutdownGraceSeconds * 1000;
   const running: Running[] = [];
   let ops: Running | undefined;
@@ -132,7 +124,7 @@ async function main(argv: string[]): Promise<void> {
     };
     for (const item of running.filter((r) => r.name === 'postfix')) await closeOne(item);
     await Promise.all(running.filter((r) => r.name !== 'postfix').map(closeOne));
-    clockWatch?.stop();
+    clockWatch.stop();
     await database.close();
     await ops?.close();
     await lock?.release();
@@ -170,7 +162,7 @@ async function main(argv: string[]): Promise<void> {
   startup = (async () => {
     // The first clock reading before any mail is taken (at most 5 s: with PostgreSQL away, the
     // daemons' own database errors answer 4xx meanwhile, and the reading is taken again every 30 s).
-    if (clockWatch) await Promise.race([clockWatch.first, sleep(5_000, undefined, { ref: false })]);
+    await Promise.race([clockWatch.first, sleep(5_000, undefined, { ref: false })]);
     checkpoint();
     for (const [name, listen, start] of LISTENERS) {
       if (entry !== name && !all) continue;

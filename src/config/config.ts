@@ -308,8 +308,8 @@ function sweepInterval(env: Env, name: string, fallback: number): number {
 const punycode = createRequire(import.meta.url)('punycode.js') as { toUnicode(domain: string): string };
 
 /**
- * Whether a domain comes back as itself after smtp-server's punycode.toUnicode and the receiver's
- * domainToASCII: not `xn--abc.example` (no valid A-label: `.example`), `xn--9999.example` (throws),
+ * Whether a domain comes back as itself after smtp-server's punycode.toUnicode and domainToASCII
+ * (inMailDomain): not `xn--abc.example` (no valid A-label: `.example`), `xn--9999.example` (throws),
  * `127.1` (an address) or `inbox.123`.
  */
 function survivesUnicode(domain: string): boolean {
@@ -331,9 +331,10 @@ export function loadConfig(env: Env = process.env): Config {
   const mailDomain = text(env, 'MAIL_DOMAIN', prod ? undefined : 'localhost').toLowerCase();
   if (!HOST_NAME.test(mailDomain))
     throw new ConfigError('MAIL_DOMAIN', `must be a domain name (got "${mailDomain}")`);
-  // The receiver gets each recipient's domain from smtp-server in Unicode and turns it back into
-  // A-labels (src/lmtp/server.ts): a name that does not survive that (`xn--abc.example` is no valid
-  // A-label, `127.1` reads as an address) would have every message answered 250 and stored nowhere.
+  // The receiver gets each recipient's domain from smtp-server in Unicode and reads it back into
+  // A-labels (core/mail-address.ts inMailDomain): a name that does not survive that
+  // (`xn--abc.example` is no valid A-label, `127.1` reads as an address) would have every message
+  // answered 250 and stored nowhere.
   if (!survivesUnicode(mailDomain))
     throw new ConfigError('MAIL_DOMAIN', `must be a domain name in its ASCII form (got "${mailDomain}")`);
   // An address is the 20-character inbox id, `@` and the domain; smtp-server refuses a path over 253.

@@ -4,8 +4,9 @@
  * cannot be undone. The jobs refuse to run (jobs/job.ts); every daemon runs on a CheckedClock,
  * which refuses to tell the time while the last reading was off, so every decision that needs "now"
  * fails and its adapter answers as for any internal failure: for mail a temporary failure, never a
- * lost or bounced message; for the API a 500. (A receiver 20 minutes fast answered `250 not kept: inbox expired` for deliveries
- * into inboxes with minutes left, and kept nothing: lost, if the owner extended the inbox.)
+ * lost or bounced message; for the API a 500. (A receiver 20 minutes fast answered `250 not kept:
+ * inbox expired` for deliveries into inboxes with minutes left, and kept nothing: lost, if the owner
+ * extended the inbox.)
  */
 import { type Clock, systemClock } from './clock.ts';
 
@@ -44,24 +45,16 @@ export class ClockSkewError extends Error {}
 /** A clock that throws ClockSkewError while `skewed` is set (by watchClock). */
 export class CheckedClock implements Clock {
   readonly #inner: Clock;
-  #skewed: string | null = null;
+  /** What is wrong with the clock (watchClock's last reading), or null. */
+  skewed: string | null = null;
 
   constructor(inner: Clock = systemClock) {
     this.#inner = inner;
   }
 
   now(): Date {
-    if (this.#skewed !== null) throw new ClockSkewError(`${this.#skewed}: set the clocks right (NTP)`);
+    if (this.skewed !== null) throw new ClockSkewError(`${this.skewed}: set the clocks right (NTP)`);
     return this.#inner.now();
-  }
-
-  /** What is wrong with the clock, or null. */
-  get skewed(): string | null {
-    return this.#skewed;
-  }
-
-  set skewed(reason: string | null) {
-    this.#skewed = reason;
   }
 }
 

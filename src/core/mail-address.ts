@@ -40,7 +40,15 @@ export function domainOf(address: string): string | null {
  * name is kept as written (the URL host parser behind domainToASCII would read `127.1` as an address).
  */
 export function asciiDomain(domain: string): string {
-  return plainDomain(/\P{ASCII}/u.test(domain) ? domainToASCII(domain) || domain : domain);
+  return plainDomain(unicodeToAscii(domain));
+}
+
+/**
+ * A name with a non-ASCII character through UTS-46 (as written if it has no such form); an ASCII one
+ * as written.
+ */
+function unicodeToAscii(domain: string): string {
+  return /\P{ASCII}/u.test(domain) ? domainToASCII(domain) || domain : domain;
 }
 
 /**
@@ -61,10 +69,9 @@ export function domainsAlign(a: string, b: string): boolean {
 export function inMailDomain(address: string, mailDomain: string): boolean {
   const at = address.lastIndexOf('@');
   if (at <= 0) return false;
-  // An IDN mail domain may come in Unicode (SMTPUTF8); an ASCII one is compared as written.
-  const domain = address.slice(at + 1);
-  const ascii = /\P{ASCII}/u.test(domain) ? domainToASCII(domain) || domain : domain;
-  return ascii.toLowerCase() === mailDomain.toLowerCase();
+  // An IDN mail domain may come in Unicode (an SMTPUTF8 client's RCPT; smtp-server hands every LMTP
+  // recipient's domain over so, punycode.toUnicode); an ASCII one is compared as written.
+  return unicodeToAscii(address.slice(at + 1)).toLowerCase() === mailDomain.toLowerCase();
 }
 
 /**

@@ -104,9 +104,8 @@ export class ReservationLedger {
   /**
    * The instant a snapshot names. While the clock refuses (core/clock-check.ts) no decision opens, so
    * the last instant handed out still bounds every later one: the heartbeat goes on with it (failing,
-   * it got this live process taken for dead and its reservations released). Not the time behind the
-   * refusing clock: kept as the last instant, a clock 20 minutes fast would have dated the decisions
-   * after its correction 20 minutes ahead, and refused mail for inboxes with minutes left.
+   * it got this live process taken for dead and its reservations released), and does not read the
+   * time behind the refusing clock, which would date later reservations by it.
    */
   #answeredBefore(): Date {
     let now: Date;

@@ -4,8 +4,9 @@
  * and answered `500 internal`, with no detail for the peer.
  *
  * While the database is away (or this host's clock is off PostgreSQL's) every request fails the same
- * way: such a failure is logged without its stack, and only the first in each UNAVAILABLE_LOG_MS; the next line says how many were left out
- * (the crash soak saw about 400 lines with stacks in a few seconds of outage).
+ * way: such a failure is logged without its stack, and only the first in each UNAVAILABLE_LOG_MS per
+ * cause; the next line says how many were left out (the crash soak saw about 400 lines with stacks
+ * in a few seconds of outage).
  */
 import type { Context, Next } from 'koa';
 import { ClockSkewError } from '../core/clock-check.ts';

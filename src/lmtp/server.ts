@@ -6,8 +6,10 @@
  *              removed first; a live one is left alone and listening fails with EADDRINUSE).
  * Reads:       LHLO, XFORWARD (only IDENT is used: Postfix's queue id, the idempotency key; NAME and HELO
  *              are left out, xforward.ts), MAIL (any reverse-path Postfix sends, mail-from.ts), RCPT
- *              (at most MAX_RECIPIENTS per transaction; the domain as Postfix sent it), DATA. No AUTH, no STARTTLS, no SIZE limit: Postfix and the milter enforced the size,
- *              and a refusal here would be a 5xx after queueing (DESIGN decision 1).
+ *              (at most MAX_RECIPIENTS per transaction; smtp-server turns an IDN domain into Unicode,
+ *              which core/mail-address.ts's inMailDomain reads back), DATA. No AUTH, no STARTTLS, no
+ *              SIZE limit: Postfix and the milter enforced the size, and a refusal here would be a 5xx
+ *              after queueing (DESIGN decision 1).
  * Decides:     nothing; each DATA goes to handler.deliver, which owns the data stream from then on.
  * Writes:      one reply per accepted RCPT, in RCPT order, duplicates included (RFC 2033 section 4.2):
  *              `250 2.0.0 ...` or the handler's 4xx. Never a 5xx: a 5xx from the handler, or a handler
@@ -24,7 +26,6 @@
  */
 
 import type { Socket } from 'node:net';
-import { domainToASCII } from 'node:url';
 import {
   SMTPServer,
   type SMTPServerDataResult,
@@ -91,20 +92,6 @@ export interface LmtpServerOptions {
   socketTimeoutMs?: number;
 }
 
-/**
- * The recipient as Postfix sent it: smtp-server hands RCPT's address over with its domain turned into
- * Unicode (punycode.toUnicode), so with an IDN MAIL_DOMAIN (`xn--bcher-kva.example`) every recipient
- * looked like another domain's and was answered `250 not stored: no such inbox`, the message lost.
- * The domain goes back to its ASCII form (A-labels, lower case), as the policy daemon and the milter
- * saw it; a domain that has none is left as it came.
- */
-export function recipientAddress(address: string): string {
-  const at = address.lastIndexOf('@');
-  if (at < 0) return address;
-  const ascii = domainToASCII(address.slice(at + 1));
-  return ascii ? `${address.slice(0, at + 1)}${ascii}` : address;
-}
-
 /** One reply for smtp-server's per-recipient array: a string is sent after `250 `, an Error as its code. */
 export function toReply(verdict: DeliveryVerdict | undefined): SMTPServerDataResult {
   if (verdict?.kind === 'accept') return `${verdict.dsn} ${verdict.text}`;
@@ -161,7 +148,7 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
         const error = new Error(`4.5.3 too many recipients, send the others in another transaction`);
         return callback(Object.assign(error, { responseCode: 452 }));
       }
-      list.push(recipientAddress(address.address));
+      list.push(address.address);
       accepted.set(session.envelope, list);
       callback();
     },
@@ -192,8 +179,7 @@ export async function startLmtpServer(options: LmtpServerOptions): Promise<LmtpS
   ): Promise<SMTPServerDataResult[]> {
     const queueId = idents.get(session.envelope) ?? null;
     const envelopeFrom = session.envelope.mailFrom ? session.envelope.mailFrom.address : '';
-    const recipients =
-      accepted.get(session.envelope) ?? session.envelope.rcptTo.map((r) => recipientAddress(r.address));
+    const recipients = accepted.get(session.envelope) ?? session.envelope.rcptTo.map((r) => r.address);
     let verdicts: DeliveryVerdict[] = [];
     try {
       verdicts = await handler.deliver({ queueId, envelopeFrom, recipients }, stream);

@@ -24,8 +24,9 @@ export function reverseName(address: string): string {
   if (isIPv6(address)) {
     // A dotted IPv4 at the end (`::1.2.3.4`) is the last two groups.
     const dotted = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(address);
+    const group = (high?: string, low?: string) => ((Number(high) << 8) | Number(low)).toString(16);
     const hex = dotted
-      ? `${address.slice(0, dotted.index)}${((Number(dotted[1]) << 8) | Number(dotted[2])).toString(16)}:${((Number(dotted[3]) << 8) | Number(dotted[4])).toString(16)}`
+      ? `${address.slice(0, dotted.index)}${group(dotted[1], dotted[2])}:${group(dotted[3], dotted[4])}`
       : address;
     const [head = '', tail = ''] = hex.split('::');
     const groups = (part: string) => (part ? part.split(':') : []);

@@ -39,9 +39,9 @@ const CRLF = Buffer.from('\r\n');
 /**
  * A line longer than this (no line break yet) has its settled part canonicalized and hashed at once,
  * up to its last byte that is not white space (a final CR aside); only that white space, as one
- * space, and the CR wait for the next chunk. Without
- * it each chunk was joined to the whole unfinished line and rescanned: a 25 MiB body without a line
- * break, under ten signatures, froze the milter 5.8 s (mailauth's own method does the same, slower).
+ * space, and the CR wait for the next chunk. Without it each chunk was joined to the whole unfinished
+ * line and rescanned: a 25 MiB body without a line break, under ten signatures, froze the milter
+ * 5.8 s (mailauth's own method does the same, slower).
  * Lines up to this length are handed on exactly as mailauth would.
  */
 export const LONG_LINE_BYTES = 64 * 1024;

@@ -159,7 +159,7 @@ export class MilterCheck implements MilterHandler {
     };
   }
 
-  /** Runs `attempt` until it goes through, waiting #withdrawRetryMs between tries; the last failure throws. */
+  /** Runs `attempt` until it goes through, #withdrawRetryMs apart; the last failure throws. */
   async #retried(attempt: () => Promise<unknown>): Promise<void> {
     for (const wait of this.#withdrawRetryMs) {
       try {

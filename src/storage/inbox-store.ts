@@ -7,6 +7,10 @@ import type { Database, Queryable } from './database.ts';
 import { INBOX_COLUMNS, type InboxRow, OPTED_OUT_AMONG, toInbox } from './rows.ts';
 import { USAGE_WHERE } from './usage.ts';
 
+/** A cancelled inbox's message as deleted ($2 the cancel's time), unless deleted already. */
+const CANCELLED = `state = 'deleted', deleted_at = coalesce(deleted_at, $2),
+           deleted_reason = coalesce(deleted_reason, 'cancelled')`;
+
 const USAGE_SQL = `
   SELECT count(*)::int AS message_count, coalesce(sum(size_bytes), 0)::int8 AS quota_used_bytes
   FROM messages WHERE ${USAGE_WHERE('$1', '$2::timestamptz')}`;
@@ -236,9 +240,7 @@ export class PgInboxStore implements InboxStore {
   async #deleteStoredLeftOnce(inboxId: string, now: Date): Promise<void> {
     await this.#db.transaction(async (client) => {
       const left = await client.query<{ message_id: string }>(
-        `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $2),
-           deleted_reason = coalesce(deleted_reason, 'cancelled')
-         WHERE inbox_id = $1 AND state = 'stored' RETURNING message_id`,
+        `UPDATE messages SET ${CANCELLED} WHERE inbox_id = $1 AND state = 'stored' RETURNING message_id`,
         [inboxId, now],
       );
       if (left.rows.length === 0) return;
@@ -272,8 +274,7 @@ export class PgInboxStore implements InboxStore {
       // inbox cancelled once this commits, and deletes it itself (finish_delivery_outcome); one stored
       // meanwhile and held by a mark goes after the commit (#deleteStoredLeft).
       await client.query(
-        `UPDATE messages SET state = 'deleted', deleted_at = coalesce(deleted_at, $2),
-           deleted_reason = coalesce(deleted_reason, 'cancelled')
+        `UPDATE messages SET ${CANCELLED}
          WHERE (inbox_id, message_id) IN (
            SELECT inbox_id, message_id FROM messages WHERE inbox_id = $1 AND state <> 'deleted'
            FOR UPDATE SKIP LOCKED)`,
