@@ -2,7 +2,10 @@
  * Lookups of one message by its key plan the primary key even on a new table whose statistics say it is
  * empty (migrations/20261124000000_queue_id_first.ts): the foreign-key check every message_chunks insert
  * makes and finish_delivery's UPDATE run as cached generic plans, and with the unique index on
- * (inbox_id, queue_id) they walked every message of the inbox instead.
+ * (inbox_id, queue_id) they walked every message of the inbox instead. The other way round, the
+ * lookups of a delivery's row by its queue id (reserve_messages, begin_delivery) cannot use the primary
+ * key at all (migrations/20261210000000_queue_id_lookups_fenced.ts): where it cost the same as the
+ * unique index, some connections kept it and walked the inbox on every reservation.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -21,6 +24,80 @@ before(async () => {
   await deliverMany(h, [inboxId], 300, (i) => `Subject: ${i}\r\n\r\n${i}\r\n`);
 });
 after(() => h.close());
+
+/**
+ * The key condition of a delivery-row lookup as deployed: `pattern` matched in the function's source,
+ * its PL/pgSQL variables turned into $1 (the queue id) and $2 (the inbox).
+ */
+async function deployedCondition(fn: string, pattern: RegExp): Promise<string> {
+  const { rows } = await h.container
+    .resolve<Database>(TOKENS.Database)
+    .pool.query<{ src: string }>(
+      'SELECT string_agg(prosrc, chr(10)) AS src FROM pg_proc WHERE proname = $1',
+      [fn],
+    );
+  const condition = pattern.exec(rows[0]?.src ?? '')?.[1];
+  assert.ok(condition, `${fn}: no lookup by queue id found in its source`);
+  return condition
+    .replaceAll('p_queue_id', '$1')
+    .replaceAll('p_inbox_ids[i]', '$2')
+    .replaceAll('p_inbox_id', '$2');
+}
+
+/**
+ * The generic plan of `sql` (parameters $1, $2: text) with the idempotency key's index out of the
+ * planner's reach and sequential scans priced out, in a transaction rolled back: what is left is
+ * whatever else could serve the condition.
+ */
+async function planWithoutQueueIndex(sql: string): Promise<string> {
+  return h.container.resolve<Database>(TOKENS.Database).withClient(async (client: pg.PoolClient) => {
+    let prepared = false;
+    await client.query('BEGIN');
+    try {
+      await client.query(
+        `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'messages_queue_id_inbox_id_key'::regclass`,
+      );
+      await client.query('SET LOCAL enable_seqscan = off');
+      await client.query('SET LOCAL plan_cache_mode = force_generic_plan');
+      await client.query(`PREPARE fenced_probe (text, text) AS ${sql}`);
+      prepared = true;
+      const explained = await client.query(`EXPLAIN EXECUTE fenced_probe ('Q1', '${inboxId}')`);
+      return explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
+    } finally {
+      await client.query('ROLLBACK');
+      // A prepared statement outlives the rollback.
+      if (prepared) await client.query('DEALLOCATE fenced_probe');
+    }
+  });
+}
+
+const RESERVE_LOOKUP = /EXISTS \(SELECT 1 FROM messages WHERE ([^\n]*)\)\s*THEN 'exists'/;
+const BEGIN_LOOKUP = /FROM messages m\s+WHERE ([^;]*?) FOR UPDATE;/;
+
+for (const [fn, pattern] of [
+  ['reserve_messages', RESERVE_LOOKUP],
+  ['begin_delivery', BEGIN_LOOKUP],
+] as const) {
+  test(`${fn}'s lookup by queue id cannot walk the inbox through the primary key`, async () => {
+    const condition = await deployedCondition(fn, pattern);
+    const plan = await planWithoutQueueIndex(`SELECT 1 FROM messages WHERE ${condition}`);
+    assert.doesNotMatch(plan, /messages_pkey/, plan);
+  });
+
+  test(`${fn}'s lookup by queue id plans the idempotency key's index`, async () => {
+    const condition = await deployedCondition(fn, pattern);
+    const plan = await genericPlan(
+      `SELECT 1 FROM messages WHERE ${condition}`,
+      ['text', 'text'],
+      ['Q1', inboxId],
+    );
+    assert.match(
+      plan,
+      /using messages_queue_id_inbox_id_key[^\n]*\n\s+Index Cond: \(+queue_id = \$1\)/,
+      plan,
+    );
+  });
+}
 
 async function genericPlan(sql: string, types: string[], values: unknown[]): Promise<string> {
   return h.container.resolve<Database>(TOKENS.Database).withClient(async (client: pg.PoolClient) => {
