@@ -8,12 +8,6 @@ export const INBOX_SETTINGS_COLUMNS =
   'i.inbox_id, i.created_at, i.expires_at, i.quota_bytes, i.sender_domains, i.cancelled_at';
 export const INBOX_COLUMNS = `${INBOX_SETTINGS_COLUMNS}, i.rejection_count, i.event_seq, i.version`;
 
-/**
- * A message not yet deleted, in the words of messages_undeleted's predicate (migration
- * 20261209000000): `state <> 'deleted'` would let the planner take that index for the overdue sum too.
- */
-export const UNDELETED = `state IN ('in_flight', 'stored')`;
-
 /** The names among the text[] parameter `names` that are in the opt-out registry, as one array column. */
 export const OPTED_OUT_AMONG = (names: string): string =>
   `ARRAY(SELECT o.domain FROM sender_optouts o WHERE o.domain = ANY(${names}))`;

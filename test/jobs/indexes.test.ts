@@ -135,14 +135,26 @@ test('expire-inboxes reaches messages through the expired inboxes, never by scan
 });
 
 test("the mail path's usage reads only the inbox's overdue messages, through messages_overdue", async () => {
+  // The query inside inbox_used_bytes as deployed (migrations/20261209000000_overdue_index_own_key.ts).
+  const [fn] = await h.container
+    .resolve<Database>(TOKENS.Database)
+    .rows<{ prosrc: string }>(
+      'probe-source',
+      `SELECT prosrc FROM pg_proc WHERE proname = 'inbox_used_bytes'`,
+      [],
+    );
+  const query = /\((SELECT sum\(size_bytes\) FROM messages\s+WHERE [\s\S]*?)\), 0\)/.exec(fn?.prosrc ?? '')?.[1];
+  assert.ok(query, 'the overdue sum in inbox_used_bytes');
   const overdue = await plan(
-    // The query inside inbox_used_bytes (migrations/20261125000000_held_bytes.ts).
-    `SELECT sum(size_bytes) FROM messages
-     WHERE inbox_id = $1 AND state <> 'deleted' AND delete_after IS NOT NULL AND delete_after <= $2`,
+    query.replaceAll('p_inbox_id', '$1').replaceAll('p_now', '$2'),
     ['text', 'timestamptz'],
     [busiest.inbox_id, h.clock.now()],
     'generic',
   );
   assert.match(overdue, /Index Scan (using|on) messages_overdue/, overdue);
-  assert.match(overdue, /Index Cond: \(\(inbox_id = \$1\) AND \(delete_after <= \$2\)\)/, overdue);
+  assert.match(
+    overdue,
+    /Index Cond: \(\(\(inbox_id \|\| ''::text\) = \$1\) AND \(delete_after <= \$2\)\)/,
+    overdue,
+  );
 });

@@ -4,8 +4,10 @@
  * makes and finish_delivery's UPDATE run as cached generic plans, and with the unique index on
  * (inbox_id, queue_id) they walked every message of the inbox instead. The other way round, the
  * lookups of a delivery's row by its queue id (reserve_messages, begin_delivery) cannot use the primary
- * key at all (migrations/20261210000000_queue_id_lookups_fenced.ts): where it cost the same as the
- * unique index, some connections kept it and walked the inbox on every reservation.
+ * key at all (migrations/20261210000000_queue_id_lookups_fenced.ts), nor can the reservation's overdue
+ * sum use the primary key or messages_undeleted (migrations/20261209000000_overdue_index_own_key.ts):
+ * where those cost the same as the right index, some connections kept them and walked the inbox on
+ * every reservation. test/storage/usage-plans.test.ts shows the overdue sum's cost after the inbox fills.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -19,6 +21,11 @@ let h: Harness;
 let inboxId: string;
 before(async () => {
   h = await startHarness();
+  // The statistics must stay those of an empty table: no autovacuum ANALYZE on a server that runs it
+  // (this file's database is its own).
+  await h.container
+    .resolve<Database>(TOKENS.Database)
+    .pool.query('ALTER TABLE messages SET (autovacuum_enabled = off)');
   inboxId = (await h.provision()).inbox_id;
   // A few hundred rows, no ANALYZE: the planner still has the empty table's statistics.
   await deliverMany(h, [inboxId], 300, (i) => `Subject: ${i}\r\n\r\n${i}\r\n`);
@@ -26,10 +33,14 @@ before(async () => {
 after(() => h.close());
 
 /**
- * The key condition of a delivery-row lookup as deployed: `pattern` matched in the function's source,
- * its PL/pgSQL variables turned into $1 (the queue id) and $2 (the inbox).
+ * A condition as deployed: `pattern` matched in the function's source, each PL/pgSQL variable of
+ * `params` turned into its parameter ($1, ...), in the order given.
  */
-async function deployedCondition(fn: string, pattern: RegExp): Promise<string> {
+async function deployedCondition(
+  fn: string,
+  pattern: RegExp,
+  params: [variable: string, parameter: string][],
+): Promise<string> {
   const { rows } = await h.container
     .resolve<Database>(TOKENS.Database)
     .pool.query<{ src: string }>(
@@ -37,31 +48,26 @@ async function deployedCondition(fn: string, pattern: RegExp): Promise<string> {
       [fn],
     );
   const condition = pattern.exec(rows[0]?.src ?? '')?.[1];
-  assert.ok(condition, `${fn}: no lookup by queue id found in its source`);
-  return condition
-    .replaceAll('p_queue_id', '$1')
-    .replaceAll('p_inbox_ids[i]', '$2')
-    .replaceAll('p_inbox_id', '$2');
+  assert.ok(condition, `${fn}: ${pattern} not found in its source`);
+  return params.reduce((text, [variable, parameter]) => text.replaceAll(variable, parameter), condition);
 }
 
 /**
- * The generic plan of `sql` (parameters $1, $2: text) with the idempotency key's index out of the
- * planner's reach and sequential scans priced out, in a transaction rolled back: what is left is
- * whatever else could serve the condition.
+ * The generic plan of `sql` with `index` out of the planner's reach and sequential scans priced out,
+ * in a transaction rolled back: what is left is whatever else could serve the condition.
  */
-async function planWithoutQueueIndex(sql: string): Promise<string> {
+async function planWithout(index: string, sql: string, types: string[], literals: string[]) {
   return h.container.resolve<Database>(TOKENS.Database).withClient(async (client: pg.PoolClient) => {
     let prepared = false;
     await client.query('BEGIN');
     try {
-      await client.query(
-        `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'messages_queue_id_inbox_id_key'::regclass`,
-      );
+      await client.query('UPDATE pg_index SET indisvalid = false WHERE indexrelid = $1::regclass', [index]);
       await client.query('SET LOCAL enable_seqscan = off');
       await client.query('SET LOCAL plan_cache_mode = force_generic_plan');
-      await client.query(`PREPARE fenced_probe (text, text) AS ${sql}`);
+      await client.query(`PREPARE fenced_probe (${types.join(', ')}) AS ${sql}`);
       prepared = true;
-      const explained = await client.query(`EXPLAIN EXECUTE fenced_probe ('Q1', '${inboxId}')`);
+      const values = literals.map((v) => `'${v}'`).join(', ');
+      const explained = await client.query(`EXPLAIN EXECUTE fenced_probe (${values})`);
       return explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
     } finally {
       await client.query('ROLLBACK');
@@ -73,21 +79,33 @@ async function planWithoutQueueIndex(sql: string): Promise<string> {
 
 const RESERVE_LOOKUP = /EXISTS \(SELECT 1 FROM messages WHERE ([^\n]*)\)\s*THEN 'exists'/;
 const BEGIN_LOOKUP = /FROM messages m\s+WHERE ([^;]*?) FOR UPDATE;/;
+/** The PL/pgSQL variables of the two lookups: $1 the queue id, $2 the inbox (p_inbox_ids[i] first). */
+const LOOKUP_PARAMS: [string, string][] = [
+  ['p_queue_id', '$1'],
+  ['p_inbox_ids[i]', '$2'],
+  ['p_inbox_id', '$2'],
+];
 
 for (const [fn, pattern] of [
   ['reserve_messages', RESERVE_LOOKUP],
   ['begin_delivery', BEGIN_LOOKUP],
 ] as const) {
-  test(`${fn}'s lookup by queue id cannot walk the inbox through the primary key`, async () => {
-    const condition = await deployedCondition(fn, pattern);
-    const plan = await planWithoutQueueIndex(`SELECT 1 FROM messages WHERE ${condition}`);
-    assert.doesNotMatch(plan, /messages_pkey/, plan);
+  const condition = () => deployedCondition(fn, pattern, LOOKUP_PARAMS);
+
+  test(`${fn}'s lookup by queue id cannot reach the inbox through the primary key`, async () => {
+    const plan = await planWithout(
+      'messages_queue_id_inbox_id_key',
+      `SELECT 1 FROM messages m WHERE ${await condition()}`,
+      ['text', 'text'],
+      ['Q1', inboxId],
+    );
+    // The primary key could only take `inbox_id = $2`: the inbox's every message, its queue id a filter.
+    assert.doesNotMatch(plan, /Index Cond: \(+inbox_id = /, plan);
   });
 
   test(`${fn}'s lookup by queue id plans the idempotency key's index`, async () => {
-    const condition = await deployedCondition(fn, pattern);
     const plan = await genericPlan(
-      `SELECT 1 FROM messages WHERE ${condition}`,
+      `SELECT 1 FROM messages m WHERE ${await condition()}`,
       ['text', 'text'],
       ['Q1', inboxId],
     );
@@ -99,6 +117,22 @@ for (const [fn, pattern] of [
   });
 }
 
+test("inbox_used_bytes' overdue sum cannot reach the inbox through the primary key or messages_undeleted", async () => {
+  // migrations/20261209000000_overdue_index_own_key.ts: only messages_overdue can serve it.
+  const condition = await deployedCondition('inbox_used_bytes', /FROM messages\s+WHERE ([\s\S]*?)\), 0\)/, [
+    ['p_inbox_id', '$1'],
+    ['p_now', '$2'],
+  ]);
+  const plan = await planWithout(
+    'messages_overdue',
+    `SELECT sum(size_bytes) FROM messages WHERE ${condition}`,
+    ['text', 'timestamptz'],
+    [inboxId, new Date().toISOString()],
+  );
+  // Neither the primary key nor messages_undeleted can take `inbox_id = $1` (the inbox's every message).
+  assert.doesNotMatch(plan, /Index Cond: \(+inbox_id = /, plan);
+});
+
 async function genericPlan(sql: string, types: string[], values: unknown[]): Promise<string> {
   return h.container.resolve<Database>(TOKENS.Database).withClient(async (client: pg.PoolClient) => {
     const { rows } = await client.query<{ reltuples: number }>(
@@ -106,14 +140,19 @@ async function genericPlan(sql: string, types: string[], values: unknown[]): Pro
     );
     assert.ok((rows[0]?.reltuples ?? 0) <= 0, 'the statistics still say the table is empty');
     await client.query('SET plan_cache_mode = force_generic_plan');
+    let prepared = false;
     try {
       await client.query(`PREPARE probe (${types.join(', ')}) AS ${sql}`);
+      prepared = true;
       const literals = values.map((v) => `'${String(v)}'`);
       const explained = await client.query(`EXPLAIN EXECUTE probe (${literals.join(', ')})`);
       return explained.rows.map((r: Record<string, string>) => r['QUERY PLAN']).join('\n');
     } finally {
-      await client.query('DEALLOCATE probe');
-      await client.query('RESET plan_cache_mode');
+      try {
+        if (prepared) await client.query('DEALLOCATE probe');
+      } finally {
+        await client.query('RESET plan_cache_mode');
+      }
     }
   });
 }
