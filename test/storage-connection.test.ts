@@ -1,6 +1,8 @@
 /**
  * A connection the server ends while a transaction holds it (a Postgres restart, pg_terminate_backend)
- * fails that transaction only: the process keeps running and the pool serves the next one.
+ * fails that transaction only: the process keeps running and the pool serves the next one. Pooled
+ * connections are replaced after CONNECTION_LIFETIME_SECONDS; statements wait for locks and callers for
+ * connections only so long.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -35,6 +37,21 @@ test('a transaction whose connection is terminated rejects, and the pool goes on
     assert.equal(await db.transaction(async (client) => (await client.query('SELECT 2 AS n')).rows[0]?.n), 2);
   } finally {
     await admin.end();
+  }
+});
+
+test('a pooled connection is replaced once its lifetime is over, so the plans it kept go with it', async () => {
+  const short = new Database(database.url, 1, { lifetimeSeconds: 1 });
+  try {
+    const pid = async () =>
+      (await short.rows<{ pid: number }>('pid', 'SELECT pg_backend_pid() AS pid', []))[0]?.pid;
+    const first = await pid();
+    assert.equal(await pid(), first, 'the same connection while it lives');
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    const later = await pid();
+    assert.ok(later && later !== first, `a new backend after the lifetime (${first}, then ${later})`);
+  } finally {
+    await short.close();
   }
 });
 

@@ -50,6 +50,16 @@ export type Queryable = pg.Pool | pg.PoolClient;
 export const LOCK_TIMEOUT_MS = 20_000;
 export const CONNECT_TIMEOUT_MS = 20_000;
 
+/**
+ * How long a pooled connection lives (s); ended when next released after that. Each connection keeps
+ * the generic plans it made (plan_cache_mode below, PL/pgSQL's too) until an ANALYZE invalidates them,
+ * and plans made on a new, nearly empty table can read a whole inbox once it has filled: with
+ * autovacuum off, for as long as the process runs (a review found seven such statements; the mail
+ * path's are written so no such plan exists, migrations 20261209000000 to 20261211000000). A new
+ * connection plans from the table as it is now. Reconnecting every few minutes costs nothing measurable.
+ */
+export const CONNECTION_LIFETIME_SECONDS = 300;
+
 const UNUSABLE = Symbol('unusable connection');
 
 /**
@@ -86,13 +96,14 @@ export class Database {
   constructor(
     connectionString: string,
     max = 20,
-    limits: { lockTimeoutMs?: number; connectTimeoutMs?: number } = {},
+    limits: { lockTimeoutMs?: number; connectTimeoutMs?: number; lifetimeSeconds?: number } = {},
   ) {
     this.#connectionString = connectionString;
     this.pool = new pg.Pool({
       connectionString,
       max,
       connectionTimeoutMillis: limits.connectTimeoutMs ?? CONNECT_TIMEOUT_MS,
+      maxLifetimeSeconds: limits.lifetimeSeconds ?? CONNECTION_LIFETIME_SECONDS,
       types: types as pg.CustomTypesConfig,
       // Every hot statement is a named prepared statement over indexed equality lookups: a generic plan
       // is as good as a custom one, and re-planning the larger ones (the gatekeeper's CTE, the event

@@ -4,7 +4,7 @@
 import type { InboxRecord, Usage } from '../core/model.ts';
 import type { DeliveryTarget, InboxStore, NewInbox, ProvisionClaim, StoredProvision } from '../core/ports.ts';
 import type { Database, Queryable } from './database.ts';
-import { INBOX_COLUMNS, type InboxRow, OPTED_OUT_AMONG, toInbox } from './rows.ts';
+import { INBOX_COLUMNS, type InboxRow, OPTED_OUT_AMONG, toInbox, UNDELETED_OF } from './rows.ts';
 import { USAGE_WHERE } from './usage.ts';
 
 /** A cancelled inbox's message as deleted ($2 the cancel's time), unless deleted already. */
@@ -256,9 +256,7 @@ export class PgInboxStore implements InboxStore {
       // The messages' rows before the inbox row, the order a store, the jobs and the API's marks take
       // them in: a store holding its message's row and waiting for the inbox row would otherwise
       // deadlock with this. A store in progress finishes first, and its message is deleted with the rest.
-      await client.query(`SELECT 1 FROM messages WHERE inbox_id = $1 AND state <> 'deleted' FOR UPDATE`, [
-        inboxId,
-      ]);
+      await client.query(`SELECT 1 FROM messages WHERE ${UNDELETED_OF('$1')} FOR UPDATE`, [inboxId]);
       const updated = await client.query<InboxRow>(
         `UPDATE inboxes i SET cancelled_at = coalesce(cancelled_at, $2), version = version + 1
          WHERE inbox_id = $1 AND (expires_at > $2 OR cancelled_at IS NOT NULL) RETURNING ${INBOX_COLUMNS}`,
@@ -276,7 +274,7 @@ export class PgInboxStore implements InboxStore {
       await client.query(
         `UPDATE messages SET ${CANCELLED}
          WHERE (inbox_id, message_id) IN (
-           SELECT inbox_id, message_id FROM messages WHERE inbox_id = $1 AND state <> 'deleted'
+           SELECT inbox_id, message_id FROM messages WHERE ${UNDELETED_OF('$1')}
            FOR UPDATE SKIP LOCKED)`,
         [inboxId, now],
       );

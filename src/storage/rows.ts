@@ -8,6 +8,12 @@ export const INBOX_SETTINGS_COLUMNS =
   'i.inbox_id, i.created_at, i.expires_at, i.quota_bytes, i.sender_domains, i.cancelled_at';
 export const INBOX_COLUMNS = `${INBOX_SETTINGS_COLUMNS}, i.rejection_count, i.event_seq, i.version`;
 
+/**
+ * The messages of inbox `inbox` not yet deleted, in the words of messages_undeleted's key (migration
+ * 20261211000000): no other statement says `('' || inbox_id)`, so no other statement can take it.
+ */
+export const UNDELETED_OF = (inbox: string): string => `('' || inbox_id) = ${inbox} AND state <> 'deleted'`;
+
 /** The names among the text[] parameter `names` that are in the opt-out registry, as one array column. */
 export const OPTED_OUT_AMONG = (names: string): string =>
   `ARRAY(SELECT o.domain FROM sender_optouts o WHERE o.domain = ANY(${names}))`;

@@ -15,6 +15,7 @@ import { createHash } from 'node:crypto';
 import type pg from 'pg';
 import type { BatchLimit, Freed, MessageKey, SweeperStore } from '../core/ports.ts';
 import type { Database } from './database.ts';
+import { UNDELETED_OF } from './rows.ts';
 
 /** The first key of every job's advisory lock: 'inbx', so our locks never meet another application's. */
 const LOCK_NAMESPACE = 0x696e6278;
@@ -47,7 +48,7 @@ const purgeDue = (now: string, cutoff: string) =>
 export const EXPIRE_PICK_SQL = `SELECT m.inbox_id, m.message_id, m.size_bytes
   FROM inboxes i CROSS JOIN LATERAL (
     SELECT inbox_id, message_id, size_bytes FROM messages
-    WHERE inbox_id = i.inbox_id AND state <> 'deleted'
+    WHERE ${UNDELETED_OF('i.inbox_id')}
     LIMIT $2 FOR UPDATE SKIP LOCKED) m
   WHERE i.expires_at < $1 AND i.held_bytes > 0
   LIMIT $2 FOR SHARE OF i SKIP LOCKED`;

@@ -127,7 +127,7 @@ test('expire-inboxes reaches messages through the expired inboxes, never by scan
     );
     assert.match(
       pick,
-      /Index Scan (?:using|on) messages_undeleted[^\n]*\n\s+Index Cond: \(inbox_id = i\.inbox_id\)/,
+      /Index Scan (?:using|on) messages_undeleted[^\n]*\n\s+Index Cond: \(\(''::text \|\| inbox_id\) = i\.inbox_id\)/,
       pick,
     );
     assert.doesNotMatch(pick, /Seq Scan on messages/, pick);
@@ -143,7 +143,9 @@ test("the mail path's usage reads only the inbox's overdue messages, through mes
       `SELECT prosrc FROM pg_proc WHERE proname = 'inbox_used_bytes'`,
       [],
     );
-  const query = /\((SELECT sum\(size_bytes\) FROM messages\s+WHERE [\s\S]*?)\), 0\)/.exec(fn?.prosrc ?? '')?.[1];
+  const query = /\((SELECT sum\(size_bytes\) FROM messages\s+WHERE [\s\S]*?)\), 0\)/.exec(
+    fn?.prosrc ?? '',
+  )?.[1];
   assert.ok(query, 'the overdue sum in inbox_used_bytes');
   const overdue = await plan(
     query.replaceAll('p_inbox_id', '$1').replaceAll('p_now', '$2'),
