@@ -240,7 +240,7 @@ export class PgInboxStore implements InboxStore {
   async #deleteStoredLeftOnce(inboxId: string, now: Date): Promise<void> {
     await this.#db.transaction(async (client) => {
       const left = await client.query<{ message_id: string }>(
-        `UPDATE messages SET ${CANCELLED} WHERE inbox_id = $1 AND state = 'stored' RETURNING message_id`,
+        `UPDATE messages SET ${CANCELLED} WHERE ${UNDELETED_OF('$1')} AND state = 'stored' RETURNING message_id`,
         [inboxId, now],
       );
       if (left.rows.length === 0) return;

@@ -9,10 +9,11 @@ export const INBOX_SETTINGS_COLUMNS =
 export const INBOX_COLUMNS = `${INBOX_SETTINGS_COLUMNS}, i.rejection_count, i.event_seq, i.version`;
 
 /**
- * The messages of inbox `inbox` not yet deleted, in the words of messages_undeleted's key (migration
- * 20261211000000): no other statement says `('' || inbox_id)`, so no other statement can take it.
+ * The messages of inbox `inbox` not yet deleted, in the words of messages_undeleted's key and predicate
+ * (migration 20261211000000): no other statement says them, so no other statement can read that index.
  */
-export const UNDELETED_OF = (inbox: string): string => `('' || inbox_id) = ${inbox} AND state <> 'deleted'`;
+export const UNDELETED_OF = (inbox: string): string =>
+  `('' || inbox_id) = ${inbox} AND ('' || state) <> 'deleted'`;
 
 /** The names among the text[] parameter `names` that are in the opt-out registry, as one array column. */
 export const OPTED_OUT_AMONG = (names: string): string =>
