@@ -34,23 +34,18 @@ const usedBytes = (condition: string) => `
     END
     $fn$;`;
 
-/** How the index and the sum name an inbox's messages not yet deleted. */
+/** How the index and the sum name an inbox and its messages not yet deleted: the same words. */
 interface Words {
-  key: string;
   inbox: string;
   undeleted: string;
 }
-const KEYED: Words = {
-  key: `(inbox_id || '')`,
-  inbox: `(inbox_id || '')`,
-  undeleted: `(state || '') <> 'deleted'`,
-};
-const PLAIN: Words = { key: 'inbox_id', inbox: 'inbox_id', undeleted: `state <> 'deleted'` };
+const KEYED: Words = { inbox: `(inbox_id || '')`, undeleted: `(state || '') <> 'deleted'` };
+const PLAIN: Words = { inbox: 'inbox_id', undeleted: `state <> 'deleted'` };
 
 /** messages_overdue rebuilt in `to`'s words, and the sum asking for it in the same words. */
 async function swap(knex: Knex, to: Words): Promise<void> {
   await knex.raw('DROP INDEX CONCURRENTLY IF EXISTS messages_overdue_next');
-  await knex.raw(`CREATE INDEX CONCURRENTLY messages_overdue_next ON messages (${to.key}, delete_after)
+  await knex.raw(`CREATE INDEX CONCURRENTLY messages_overdue_next ON messages (${to.inbox}, delete_after)
     WHERE ${to.undeleted} AND delete_after IS NOT NULL`);
   await knex.raw(usedBytes(`${to.inbox} = p_inbox_id AND ${to.undeleted}`));
   await knex.raw('DROP INDEX CONCURRENTLY IF EXISTS messages_overdue');

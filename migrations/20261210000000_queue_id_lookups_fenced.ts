@@ -18,7 +18,7 @@ import type { Knex } from 'knex';
 import { RESERVE_BODY } from './20261207000000_reservation_owner.ts';
 
 /** A delivery row's key condition that only messages_queue_id_inbox_id_key can serve. */
-export const BY_QUEUE_ID = (queueId: string, inboxId: string): string =>
+const BY_QUEUE_ID = (queueId: string, inboxId: string): string =>
   `queue_id = ${queueId} AND (inbox_id || '') = ${inboxId}`;
 
 const RESERVE_SIGNATURE = `reserve_messages(

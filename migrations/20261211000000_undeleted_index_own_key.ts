@@ -11,8 +11,9 @@
  * 14,000 of them); with only the key its own, a plan made after an ANALYZE of a small table still
  * ANDed the whole index into the listing's scan (another review: 282 buffers per poll at 188,000 such
  * messages). Its words are not messages_overdue's `(inbox_id || '')` and `(state || '')`: the
- * overdue sum's rows are all among these, and in the same words the sum could read either index. The primary key wins the
- * remaining ties (it has the lowest OID), and it is the right index for those statements.
+ * overdue sum's rows are all among these, and in the same words the sum could read either index. The
+ * primary key wins the remaining ties (it has the lowest OID), and it is the right index for those
+ * statements.
  * test/storage/key-plans.test.ts plans them with their own index hidden; test/jobs/indexes.test.ts
  * plans the expiry pick.
  *

@@ -14,6 +14,7 @@ import type { Database } from '../../src/storage/database.ts';
 import { LIST_EVENTS_SQL } from '../../src/storage/message-store.ts';
 import { DELETE_DUE_PICK_SQL, EXPIRE_PICK_SQL, TOMBSTONE_PICK_SQL } from '../../src/storage/sweeper-store.ts';
 import { USAGE_WHERE } from '../../src/storage/usage.ts';
+import { overdueSum } from '../support/deployed-sql.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverMany, testJobs } from '../support/jobs.ts';
 
@@ -136,23 +137,8 @@ test('expire-inboxes reaches messages through the expired inboxes, never by scan
 
 test("the mail path's usage reads only the inbox's overdue messages, through messages_overdue", async () => {
   // The query inside inbox_used_bytes as deployed (migrations/20261209000000_overdue_index_own_key.ts).
-  const [fn] = await h.container
-    .resolve<Database>(TOKENS.Database)
-    .rows<{ prosrc: string }>(
-      'probe-source',
-      `SELECT prosrc FROM pg_proc WHERE proname = 'inbox_used_bytes'`,
-      [],
-    );
-  const query = /\((SELECT sum\(size_bytes\) FROM messages\s+WHERE [\s\S]*?)\), 0\)/.exec(
-    fn?.prosrc ?? '',
-  )?.[1];
-  assert.ok(query, 'the overdue sum in inbox_used_bytes');
-  const overdue = await plan(
-    query.replaceAll('p_inbox_id', '$1').replaceAll('p_now', '$2'),
-    ['text', 'timestamptz'],
-    [busiest.inbox_id, h.clock.now()],
-    'generic',
-  );
+  const query = await overdueSum(h.container.resolve<Database>(TOKENS.Database));
+  const overdue = await plan(query, ['text', 'timestamptz'], [busiest.inbox_id, h.clock.now()], 'generic');
   assert.match(overdue, /Index Scan (using|on) messages_overdue/, overdue);
   assert.match(
     overdue,

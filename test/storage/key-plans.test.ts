@@ -16,6 +16,7 @@ import type pg from 'pg';
 import { TOKENS } from '../../src/container.ts';
 import type { Database } from '../../src/storage/database.ts';
 import { LIST_EVENTS_SQL } from '../../src/storage/message-store.ts';
+import { deployedSql, overdueSum } from '../support/deployed-sql.ts';
 import { type Harness, startHarness } from '../support/harness.ts';
 import { deliverMany } from '../support/jobs.ts';
 
@@ -34,25 +35,9 @@ before(async () => {
 });
 after(() => h.close());
 
-/**
- * A condition as deployed: `pattern` matched in the function's source, each PL/pgSQL variable of
- * `params` turned into its parameter ($1, ...), in the order given.
- */
-async function deployedCondition(
-  fn: string,
-  pattern: RegExp,
-  params: [variable: string, parameter: string][],
-): Promise<string> {
-  const { rows } = await h.container
-    .resolve<Database>(TOKENS.Database)
-    .pool.query<{ src: string }>(
-      'SELECT string_agg(prosrc, chr(10)) AS src FROM pg_proc WHERE proname = $1',
-      [fn],
-    );
-  const condition = pattern.exec(rows[0]?.src ?? '')?.[1];
-  assert.ok(condition, `${fn}: ${pattern} not found in its source`);
-  return params.reduce((text, [variable, parameter]) => text.replaceAll(variable, parameter), condition);
-}
+/** A condition as deployed (support/deployed-sql.ts). */
+const deployedCondition = (fn: string, pattern: RegExp, params: [string, string][]) =>
+  deployedSql(h.container.resolve<Database>(TOKENS.Database), fn, pattern, params);
 
 /**
  * The generic plan of `sql` with `indexes` out of the planner's reach and sequential scans priced out,
@@ -123,13 +108,10 @@ for (const [fn, pattern] of [
 
 test("inbox_used_bytes' overdue sum cannot reach the inbox through the primary key or messages_undeleted", async () => {
   // migrations/20261209000000_overdue_index_own_key.ts: only messages_overdue can serve it.
-  const condition = await deployedCondition('inbox_used_bytes', /FROM messages\s+WHERE ([\s\S]*?)\), 0\)/, [
-    ['p_inbox_id', '$1'],
-    ['p_now', '$2'],
-  ]);
+  const sum = await overdueSum(h.container.resolve<Database>(TOKENS.Database));
   const plan = await planWithout(
     ['messages_overdue'],
-    `SELECT sum(size_bytes) FROM messages WHERE ${condition}`,
+    sum,
     ['text', 'timestamptz'],
     [inboxId, new Date().toISOString()],
   );

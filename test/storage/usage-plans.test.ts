@@ -3,7 +3,8 @@
  * reads only the inbox's overdue messages even on a connection that planned it while the messages
  * table was empty and that was never told of new statistics (no ANALYZE: a daemon started on a new
  * database, or a server with autovacuum off). Its generic plan once read every message of the inbox
- * through messages_undeleted (migration 20261209000000).
+ * through messages_undeleted (migrations 20261209000000 and 20261211000000 each rule that out;
+ * key-plans.test.ts checks them one by one).
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
